@@ -1,0 +1,50 @@
+"""shmvec: shared-memory vectorized environments for reinforcement learning.
+
+``from shmvec import ShmVecEnv`` imports Stable-Baselines3 (and so torch); worker
+processes import only the light private modules, so the public names are loaded
+lazily here.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = [
+    "ShmVecEnv",
+    "ShmVecEnvError",
+    "WorkerDiedError",
+    "WorkerTimeoutError",
+    "ClosedVecEnvError",
+    "BrokenVecEnvError",
+    "AlreadyPendingCallError",
+    "NoAsyncCallError",
+    "SpaceError",
+    "ObservationError",
+    "RemoteEnvError",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from shmvec._errors import (
+        AlreadyPendingCallError,
+        BrokenVecEnvError,
+        ClosedVecEnvError,
+        NoAsyncCallError,
+        ObservationError,
+        RemoteEnvError,
+        ShmVecEnvError,
+        SpaceError,
+        WorkerDiedError,
+        WorkerTimeoutError,
+    )
+    from shmvec.shm_vec_env import ShmVecEnv
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ShmVecEnv":
+        from shmvec.shm_vec_env import ShmVecEnv
+
+        return ShmVecEnv
+    if name in __all__:
+        from shmvec import _errors
+
+        return getattr(_errors, name)
+    raise AttributeError(f"module 'shmvec' has no attribute {name!r}")

@@ -1,0 +1,131 @@
+"""Exceptions of shmvec, and how a worker's exception crosses to the parent.
+
+A worker's exception is re-raised in the parent as its own type, with the
+worker's formatted traceback attached as ``__cause__`` (the way
+``concurrent.futures`` does it) and a note naming the env index, the worker and
+the command.  An exception that cannot be pickled, or whose constructor does not
+accept its own ``args`` on unpickling, arrives as :class:`RemoteEnvError`, which
+keeps the type name, the message and the traceback.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import traceback
+from typing import Any
+
+
+class ShmVecEnvError(RuntimeError):
+    """Base class of the errors shmvec raises itself."""
+
+
+class WorkerDiedError(ShmVecEnvError):
+    """A worker process exited while the parent was waiting for it."""
+
+    def __init__(self, message: str, worker: int | None = None, env_indices: range | None = None,
+                 exitcode: int | None = None) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.env_indices = env_indices
+        self.exitcode = exitcode
+
+
+class WorkerTimeoutError(ShmVecEnvError, TimeoutError):
+    """Workers did not answer within the ``timeout`` given to the vec env."""
+
+
+class ClosedVecEnvError(ShmVecEnvError):
+    """The vec env was used after ``close()``."""
+
+
+class BrokenVecEnvError(ShmVecEnvError):
+    """An earlier failure left the workers in an unknown state; close and rebuild the vec env."""
+
+
+class AlreadyPendingCallError(ShmVecEnvError):
+    """``step_async`` was called while a step was already in flight."""
+
+
+class NoAsyncCallError(ShmVecEnvError):
+    """``step_wait`` was called without a preceding ``step_async``."""
+
+
+class SpaceError(ShmVecEnvError, TypeError):
+    """A space that shmvec cannot place in fixed-size shared memory, or envs whose spaces differ."""
+
+
+class ObservationError(ShmVecEnvError, ValueError):
+    """An env returned an observation that does not fit its declared observation space."""
+
+
+class RemoteTraceback(Exception):
+    """Carries a worker's formatted traceback; shown as the ``__cause__`` of the re-raised error."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return "\n\n" + "".join(self.tb).rstrip() + "\n(traceback of the worker, above)"
+
+
+class RemoteEnvError(ShmVecEnvError):
+    """Stands in for a worker exception that could not be sent as itself."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(f"{type_name}: {message}")
+        self.type_name = type_name
+        self.message = message
+
+
+def describe_exitcode(exitcode: int | None) -> str:
+    """'exit code 3', 'signal SIGKILL (9)', or 'still running'."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"signal {name} ({-exitcode})"
+    return f"exit code {exitcode}"
+
+
+def pack_exception(exc: BaseException, *, env_index: int | None, worker: int, command: str) -> dict[str, Any]:
+    """What a worker sends for ``exc``: plain data plus the pickled exception if it survives a round trip."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    payload: bytes | None
+    try:
+        payload = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.loads(payload)  # constructors with unusual signatures fail here, not in the parent
+    except Exception:
+        payload = None
+    return {
+        "payload": payload,
+        "type_name": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": str(exc),
+        "traceback": tb,
+        "env_index": env_index,
+        "worker": worker,
+        "command": command,
+    }
+
+
+def unpack_exception(packed: dict[str, Any], hint: str) -> BaseException:
+    """The exception to raise in the parent for what :func:`pack_exception` sent; ``hint`` says what to do."""
+    exc: BaseException | None = None
+    if packed["payload"] is not None:
+        try:
+            exc = pickle.loads(packed["payload"])
+        except Exception:
+            exc = None
+    if exc is None:
+        exc = RemoteEnvError(packed["type_name"], packed["message"])
+    where = f"env {packed['env_index']}" if packed["env_index"] is not None else "a worker"
+    exc.add_note(
+        f"shmvec: {packed['type_name']} raised by {where} (worker {packed['worker']}) during "
+        f"{packed['command']}; the worker's traceback is shown above. {hint}"
+    )
+    exc.__cause__ = RemoteTraceback(packed["traceback"])
+    return exc

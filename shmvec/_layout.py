@@ -1,0 +1,242 @@
+"""Where every buffer lives in the shared-memory block, computed from the spaces.
+
+Both the parent and the workers build a :class:`Layout` from the same
+arguments, so only the segment's name and these arguments cross the pipe.
+A space is split into leaves (``Box``, ``Discrete``, ``MultiDiscrete``,
+``MultiBinary``), one buffer per leaf; ``Dict`` and ``Tuple`` nest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import singledispatch
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+from gymnasium import spaces
+
+from shmvec import _protocol as P
+from shmvec._errors import ObservationError, SpaceError
+
+if TYPE_CHECKING:
+    from multiprocessing.shared_memory import SharedMemory
+
+ALIGN = 64
+
+Path = tuple  # keys from the root of a space to a leaf: () for a flat space
+
+
+@dataclass(frozen=True)
+class Leaf:
+    path: Path
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+@singledispatch
+def space_leaves(space: spaces.Space, path: Path = ()) -> list[Leaf]:
+    """The leaves of ``space``; raises SpaceError for spaces without a fixed size."""
+    where = "the space" if not path else f"the subspace at {list(path)}"
+    raise SpaceError(
+        f"{where} is {type(space).__name__}, which shmvec cannot hold in fixed-size shared memory. "
+        "Supported: Box, Discrete, MultiDiscrete, MultiBinary, and Dict/Tuple of these. "
+        "For Text/Graph/Sequence observations, encode them into a Box (for example padded arrays) in a wrapper, "
+        "or use SubprocVecEnv for this env."
+    )
+
+
+@space_leaves.register
+def _(space: spaces.Box, path: Path = ()) -> list[Leaf]:
+    return [Leaf(path, tuple(space.shape), np.dtype(space.dtype))]
+
+
+@space_leaves.register
+def _(space: spaces.Discrete, path: Path = ()) -> list[Leaf]:
+    return [Leaf(path, (), np.dtype(space.dtype))]
+
+
+@space_leaves.register
+def _(space: spaces.MultiDiscrete, path: Path = ()) -> list[Leaf]:
+    return [Leaf(path, tuple(space.shape), np.dtype(space.dtype))]
+
+
+@space_leaves.register
+def _(space: spaces.MultiBinary, path: Path = ()) -> list[Leaf]:
+    return [Leaf(path, tuple(space.shape), np.dtype(space.dtype))]
+
+
+@space_leaves.register
+def _(space: spaces.Dict, path: Path = ()) -> list[Leaf]:
+    return [leaf for key, sub in space.spaces.items() for leaf in space_leaves(sub, path + (key,))]
+
+
+@space_leaves.register
+def _(space: spaces.Tuple, path: Path = ()) -> list[Leaf]:
+    return [leaf for i, sub in enumerate(space.spaces) for leaf in space_leaves(sub, path + (i,))]
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def split_envs(n_envs: int, n_workers: int) -> list[range]:
+    """Contiguous slices of env indices, sizes differing by at most one."""
+    base, extra = divmod(n_envs, n_workers)
+    out, start = [], 0
+    for w in range(n_workers):
+        stop = start + base + (1 if w < extra else 0)
+        out.append(range(start, stop))
+        start = stop
+    return out
+
+
+class Layout:
+    """Offsets of every buffer; :meth:`views` turns a buffer into numpy arrays."""
+
+    def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, n_envs: int,
+                 n_workers: int, mailbox_bytes: int = P.MAILBOX_BYTES) -> None:
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.n_envs = n_envs
+        self.n_workers = n_workers
+        self.mailbox_bytes = mailbox_bytes
+        self.obs_leaves = space_leaves(observation_space)
+        self.act_leaves = space_leaves(action_space)
+        self._entries: list[tuple[str, Any, int, tuple[int, ...], np.dtype]] = []
+        offset = 0
+
+        def add(kind: str, key: Any, shape: tuple[int, ...], dtype: np.dtype) -> None:
+            nonlocal offset
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            self._entries.append((kind, key, offset, shape, dtype))
+            offset = _align(offset + nbytes)
+
+        add("ctrl", None, ((n_workers + 1) * P.ROW_WORDS,), np.dtype(np.uint32))
+        for leaf in self.act_leaves:
+            add("act", leaf.path, (n_envs, *leaf.shape), leaf.dtype)
+        for leaf in self.obs_leaves:
+            add("obs", leaf.path, (n_envs, *leaf.shape), leaf.dtype)
+        for leaf in self.obs_leaves:
+            add("term_obs", leaf.path, (n_envs, *leaf.shape), leaf.dtype)
+        add("rew", None, (n_envs,), np.dtype(np.float32))
+        add("terminated", None, (n_envs,), np.dtype(np.bool_))
+        add("truncated", None, (n_envs,), np.dtype(np.bool_))
+        add("mailbox", None, (n_workers, mailbox_bytes), np.dtype(np.uint8))
+        self.ctrl_offset = self._entries[0][2]
+        self.ctrl_words = (n_workers + 1) * P.ROW_WORDS
+        self.nbytes = max(offset, ALIGN)
+
+    def views(self, buf: memoryview) -> "Views":
+        arrays: dict[tuple[str, Any], np.ndarray] = {}
+        for kind, key, offset, shape, dtype in self._entries:
+            count = int(np.prod(shape, dtype=np.int64))
+            arrays[(kind, key)] = np.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(shape)
+        return Views(self, arrays)
+
+
+class Views:
+    """Numpy arrays over one mapping of the block.  Drop every reference before closing the mapping."""
+
+    def __init__(self, layout: Layout, arrays: dict[tuple[str, Any], np.ndarray]) -> None:
+        self.obs = {leaf.path: arrays[("obs", leaf.path)] for leaf in layout.obs_leaves}
+        self.term_obs = {leaf.path: arrays[("term_obs", leaf.path)] for leaf in layout.obs_leaves}
+        self.act = {leaf.path: arrays[("act", leaf.path)] for leaf in layout.act_leaves}
+        self.rew = arrays[("rew", None)]
+        self.terminated = arrays[("terminated", None)]
+        self.truncated = arrays[("truncated", None)]
+        self.mailbox = arrays[("mailbox", None)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Structured values <-> leaf buffers.  Built once per space; the returned closures run per env.
+# ---------------------------------------------------------------------------------------------
+
+def make_gather(space: spaces.Space, leaves: dict[Path, np.ndarray], copy: bool) -> Callable[[Any], Any]:
+    """Returns ``f(index)`` that assembles a structured value from the leaf buffers.
+
+    ``index`` is an int (one env) or a slice (a batch).  With ``copy`` the
+    result owns its memory; without, it is a view of the buffers.
+    """
+    return _gather(space, (), leaves, copy)
+
+
+def _gather(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], copy: bool) -> Callable[[Any], Any]:
+    # Module-level recursion: a nested function that calls itself would form a reference
+    # cycle holding the buffers until the garbage collector runs, and the mapping could
+    # not be closed.
+    if isinstance(space, spaces.Dict):
+        parts = [(key, _gather(s, path + (key,), leaves, copy)) for key, s in space.spaces.items()]
+        return lambda i: {key: f(i) for key, f in parts}
+    if isinstance(space, spaces.Tuple):
+        items = [_gather(s, path + (k,), leaves, copy) for k, s in enumerate(space.spaces)]
+        return lambda i: tuple(f(i) for f in items)
+    arr = leaves[path]
+    if copy:
+        return lambda i: arr[i].copy()
+    return arr.__getitem__
+
+
+def make_scatter(space: spaces.Space, leaves: dict[Path, np.ndarray], what: str) -> Callable[[int, Any], None]:
+    """Returns ``f(index, value)`` that writes one env's structured value into the leaf buffers.
+
+    Checks the shape of every leaf (numpy would otherwise broadcast silently)
+    and that its dtype casts to the buffer's within the same kind; raises
+    ObservationError naming the field.
+    """
+    return _scatter(space, (), leaves, what)
+
+
+def _scatter(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], what: str) -> Callable[[int, Any], None]:
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        if isinstance(space, spaces.Dict):
+            keyed = list(space.spaces.items())
+        else:
+            keyed = list(enumerate(space.spaces))
+        parts = [(key, _scatter(s, path + (key,), leaves, what)) for key, s in keyed]
+
+        def scatter_nested(i: int, value: Any) -> None:
+            for key, f in parts:
+                try:
+                    item = value[key]
+                except (KeyError, IndexError, TypeError):
+                    raise ObservationError(f"{what}{_fmt(path)} has no entry {key!r}") from None
+                f(i, item)
+
+        return scatter_nested
+
+    arr = leaves[path]
+    shape = arr.shape[1:]
+    dtype = arr.dtype
+    field = f"{what}{_fmt(path)}"
+
+    def scatter_leaf(i: int, value: Any) -> None:
+        if type(value) is np.ndarray:
+            if value.shape != shape:
+                raise ObservationError(f"{field} has shape {value.shape}, the space declares {shape}")
+            if value.dtype != dtype and not np.can_cast(value.dtype, dtype, "same_kind"):
+                raise ObservationError(f"{field} has dtype {value.dtype}, which does not cast to the space's {dtype}")
+        elif np.shape(value) != shape:
+            raise ObservationError(f"{field} has shape {np.shape(value)}, the space declares {shape}")
+        arr[i] = value
+
+    return scatter_leaf
+
+
+def _fmt(path: Path) -> str:
+    return "".join(f"[{k!r}]" for k in path)
+
+
+def close_mapping(shm: "SharedMemory") -> None:
+    """Closes ``shm``; if arrays still view it (``copy=False`` results the caller kept), leaves the
+    mapping to them: it is unmapped when the last of them is garbage-collected."""
+    try:
+        shm.close()
+    except BufferError:
+        import os
+
+        fd = shm._fd  # type: ignore[attr-defined]
+        shm._buf = None  # type: ignore[attr-defined]
+        shm._mmap = None  # type: ignore[attr-defined]
+        if fd >= 0:
+            os.close(fd)
+            shm._fd = -1  # type: ignore[attr-defined]

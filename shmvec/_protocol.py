@@ -1,0 +1,115 @@
+"""The parent/worker protocol of shmvec: shared words, command codes, timings.
+
+Shared-memory layout (one ``multiprocessing.shared_memory`` block per vec env,
+computed identically on both sides by :class:`shmvec._layout.Layout`)::
+
+    control words   uint32, one 64-byte cache line per row:
+                      row 0      PENDING (global)
+                      row 1 + w  worker w: CMD_SEQ CMD ARG_LEN STATUS RESULT_LEN DONE_SEQ
+    actions         one buffer per leaf of the action space, (n_envs, *shape)
+    observations    one buffer per leaf of the observation space, (n_envs, *shape)
+    terminal obs    same shapes: the observation an episode ended on
+    rewards         float32 (n_envs,)
+    terminated      bool (n_envs,)
+    truncated       bool (n_envs,)
+    mailboxes       n_workers x mailbox_bytes: pickled seeds/options going in,
+                    non-empty infos coming out
+
+Worker w owns the envs ``[start_w, stop_w)``: a contiguous slice.
+
+Who writes what, in which order (a synchronous command: STEP or RESET)
+----------------------------------------------------------------------
+Between commands every worker is idle and the parent owns every buffer.
+
+  parent  1. writes the actions (STEP) and, per worker, an optional pickled
+             argument into mailbox w and its length into ARG_LEN[w]
+          2. PENDING <- n_workers            (no worker reads it yet)
+          3. per worker: CMD[w] <- code; CMD_SEQ[w] <- seq (release); wake(CMD_SEQ[w])
+  worker  4. waits while CMD_SEQ[w] == last seen (acquire): steps 1-3 are visible
+          5. steps its envs, writes observations, rewards, flags, terminal
+             observations of its own slice; pickles the non-empty infos into
+             mailbox w, RESULT_LEN[w] <- length; STATUS[w] <- OK or ERROR;
+             on ERROR (or infos too large for the mailbox) the details go
+             through worker w's pipe *before* step 6
+          6. DONE_SEQ[w] <- seq (release); old <- fetch_add(PENDING, -1)
+             (seq_cst: releases step 5); if old == 1: wake(PENDING)
+  parent  7. waits while PENDING != 0 (acquire: every worker's step 5 is visible)
+          8. reads the buffers; for each worker whose STATUS is ERROR it
+             receives the exception from that worker's pipe.
+
+Why it is safe: at any time each buffer region has one writer.  Ownership of
+the actions and mailbox passes to the worker with the release/acquire pair on
+CMD_SEQ, and ownership of the results passes back with the seq_cst decrement
+of PENDING that the parent acquires when it reads 0.  The parent never
+writes a shared buffer between steps 3 and 7, and a worker writes only its
+own slice and mailbox, only between steps 4 and 6.  FUTEX_WAIT re-checks the
+word in the kernel, so a wake between a waiter's last check and its sleep is
+never lost.
+
+Rare commands (get_attr, set_attr, env_method, render, is_wrapped)
+-------------------------------------------------------------------
+The parent sends ``(name, args)`` on worker w's pipe, then CMD[w] <- PIPE and
+bumps CMD_SEQ[w] (a sleeping worker waits on the futex, not on the pipe).  The
+worker receives, runs it, and answers on the pipe.  PENDING is not used.
+
+CLOSE: CMD[w] <- CLOSE and bump; the worker closes its envs, sends a last
+message (None, or the first exception) and exits.
+
+How failures are noticed
+------------------------
+- An env raises: the worker sends the exception with its traceback through
+  the pipe, marks STATUS=ERROR and completes the command normally, so the
+  parent never waits for a reply that will not come.
+- A worker dies: the parent's waits time out every POLL_S and then look at
+  every worker's process sentinel; a dead one raises WorkerDiedError with its
+  exit code or signal.  Pipe reads wait on the pipe and the sentinel together.
+- The parent dies: each worker's wait times out every PARENT_POLL_S and
+  checks the parent through a pidfd (or its pid); the worker then exits.  The
+  segment itself was unlinked once every worker had attached, so nothing stays
+  in /dev/shm whatever dies.
+"""
+
+from __future__ import annotations
+
+import enum
+
+# Row 0 of the control words holds the global counter.
+PENDING = 0
+# Each row is one cache line of 16 uint32 words.
+ROW_WORDS = 16
+# Offsets of a worker's words within its row (row 1 + w).
+CMD_SEQ = 0
+CMD = 1
+ARG_LEN = 2
+STATUS = 3
+RESULT_LEN = 4
+DONE_SEQ = 5
+
+# RESULT_LEN when the result did not fit in the mailbox and went through the pipe.
+RESULT_IN_PIPE = 0xFFFFFFFF
+
+
+class Cmd(enum.IntEnum):
+    NONE = 0
+    STEP = 1
+    RESET = 2
+    PIPE = 3
+    CLOSE = 4
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    ERROR = 1
+
+
+def word(worker: int, offset: int) -> int:
+    """Index of a worker's word in the control array."""
+    return (1 + worker) * ROW_WORDS + offset
+
+
+# How often a waiting parent checks that its workers are alive (seconds).
+POLL_S = 0.05
+# How often an idle worker checks that its parent is alive (seconds).
+PARENT_POLL_S = 0.2
+# Default size of each worker's mailbox (bytes); larger results use the pipe.
+MAILBOX_BYTES = 1 << 20

@@ -1,0 +1,349 @@
+"""The worker process: builds a slice of the envs and serves the parent's commands.
+
+The protocol (who writes which word, in which order) is written down in
+:mod:`shmvec._protocol`.  This module imports nothing heavy: no SB3, no torch,
+unless the user's env factories import them.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import sys
+from multiprocessing.connection import Connection
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import cloudpickle
+import gymnasium as gym
+
+from shmvec import _protocol as P
+from shmvec._core import Words
+from shmvec._errors import ShmVecEnvError, SpaceError, pack_exception
+from shmvec._layout import Layout, close_mapping, make_gather, make_scatter
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+                "VECLIB_MAXIMUM_THREADS")
+
+
+class _ParentWatch:
+    """Tells whether the parent process is still alive (a pidfd where the kernel has them)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.fd: int | None = None
+        try:
+            self.fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self.fd = None
+
+    def alive(self) -> bool:
+        if self.fd is not None:
+            readable, _, _ = select.select([self.fd], [], [], 0)
+            return not readable
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _cap_threads(n: int | None, after_envs: bool) -> None:
+    if n is None:
+        return
+    if not after_envs:
+        for var in _THREAD_VARS:
+            os.environ[var] = str(n)
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(n)
+    except Exception:  # threadpoolctl is best effort: a library it cannot drive keeps its threads
+        pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(n)
+
+
+def _is_wrapped(env: gym.Env, wrapper_class: type) -> bool:
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, wrapper_class):
+            return True
+        env = env.env
+    return False
+
+
+def _build_envs(env_fns_bytes: bytes, env_range: range) -> list[gym.Env]:
+    env_fns = cloudpickle.loads(env_fns_bytes)
+    envs: list[gym.Env] = []
+    seen: dict[int, int] = {}
+    for i, fn in zip(env_range, env_fns):
+        env = fn()
+        if not isinstance(env, gym.Env):
+            raise TypeError(
+                f"env_fns[{i}] returned {type(env).__name__}, not a gymnasium.Env. shmvec runs Gymnasium envs; "
+                "wrap an old Gym env with shimmy's compatibility wrappers inside the factory."
+            )
+        key = id(env.unwrapped)
+        if key in seen:
+            raise ValueError(
+                f"env_fns[{i}] returned the same env instance as env_fns[{seen[key]}]. Each factory must build a "
+                "new env (use gymnasium.make(...) inside it, not `lambda: env`)."
+            )
+        seen[key] = i
+        envs.append(env)
+    first = envs[0]
+    for i, env in zip(env_range, envs):
+        for attr in ("observation_space", "action_space"):
+            if getattr(env, attr) != getattr(first, attr):
+                raise SpaceError(
+                    f"env {i} has {attr} {getattr(env, attr)}, env {env_range.start} has {getattr(first, attr)}: "
+                    "all envs of a vec env must share their spaces."
+                )
+    return envs
+
+
+class _Worker:
+    def __init__(self, index: int, env_range: range, envs: list[gym.Env], conn: Connection,
+                 parent: _ParentWatch, spin: float) -> None:
+        self.index = index
+        self.start, self.stop = env_range.start, env_range.stop
+        self.envs = envs
+        self.conn = conn
+        self.parent = parent
+        self.spin = spin
+        self.current: int | None = None
+        self.shm: SharedMemory | None = None
+        self.words: Words | None = None
+
+    # ---- set-up --------------------------------------------------------------------------------
+    def attach(self, shm_name: str, n_envs: int, n_workers: int, mailbox_bytes: int) -> None:
+        env = self.envs[0]
+        self.shm = SharedMemory(name=shm_name)
+        layout = Layout(env.observation_space, env.action_space, n_envs, n_workers, mailbox_bytes)
+        views = layout.views(self.shm.buf)
+        self.words = Words(self.shm.buf, layout.ctrl_offset, layout.ctrl_words)
+        self.mailbox_bytes = mailbox_bytes
+        self.mailbox = memoryview(views.mailbox[self.index])
+        self.rew, self.terminated, self.truncated = views.rew, views.terminated, views.truncated
+        self.read_action = make_gather(env.action_space, views.act, copy=True)
+        self.write_obs = make_scatter(env.observation_space, views.obs, "observation")
+        self.write_term = make_scatter(env.observation_space, views.term_obs, "observation")
+
+    def detach(self) -> None:
+        self.read_action = self.write_obs = self.write_term = None  # type: ignore[assignment]
+        self.rew = self.terminated = self.truncated = None  # type: ignore[assignment]
+        if getattr(self, "mailbox", None) is not None:
+            self.mailbox.release()
+            self.mailbox = None  # type: ignore[assignment]
+        if self.words is not None:
+            self.words.release()
+            self.words = None
+        if self.shm is not None:
+            close_mapping(self.shm)
+            self.shm = None
+
+    # ---- main loop -------------------------------------------------------------------------------
+    def serve(self) -> None:
+        words = self.words
+        assert words is not None
+        seq_word = P.word(self.index, P.CMD_SEQ)
+        seen = words.load(seq_word)
+        while True:
+            value = words.wait_while(seq_word, seen, P.PARENT_POLL_S, self.spin)
+            if value is None:
+                if not self.parent.alive():
+                    return
+                continue
+            seen = value
+            cmd = words.load(P.word(self.index, P.CMD))
+            if cmd == P.Cmd.STEP:
+                self._sync_command(seen, "step", self._step)
+            elif cmd == P.Cmd.RESET:
+                self._sync_command(seen, "reset", self._reset)
+            elif cmd == P.Cmd.PIPE:
+                self._pipe_command()
+            elif cmd == P.Cmd.CLOSE:
+                return
+            else:
+                raise ShmVecEnvError(f"worker {self.index}: unknown command code {cmd}")
+
+    def _sync_command(self, seq: int, name: str, body: Any) -> None:
+        words = self.words
+        assert words is not None
+        status, result_len = P.Status.OK, 0
+        try:
+            result_len = self._put_result(body())
+        except Exception as exc:
+            status = P.Status.ERROR
+            self.conn.send(("error", pack_exception(exc, env_index=self.current, worker=self.index, command=name)))
+        self.current = None
+        words.store(P.word(self.index, P.STATUS), status)
+        words.store(P.word(self.index, P.RESULT_LEN), result_len)
+        words.store(P.word(self.index, P.DONE_SEQ), seq)
+        if words.fetch_add(P.PENDING, -1) == 1:
+            words.wake(P.PENDING)
+
+    def _put_result(self, items: list) -> int:
+        if not items:
+            return 0
+        try:
+            data = pickle.dumps(items, protocol=5)
+        except Exception:
+            for item in items:  # name the env whose info cannot be sent
+                self.current = item[0]
+                pickle.dumps(item, protocol=5)
+            raise
+        n = len(data)
+        if n < self.mailbox_bytes:
+            self.mailbox[:n] = data
+            return n
+        self.conn.send_bytes(data)
+        return P.RESULT_IN_PIPE
+
+    def _step(self) -> list:
+        start = self.start
+        read_action, write_obs, write_term = self.read_action, self.write_obs, self.write_term
+        rews, terms, truncs, items = [], [], [], []
+        i = start
+        for env in self.envs:
+            self.current = i
+            obs, rew, term, trunc, info = env.step(read_action(i))
+            rews.append(rew)
+            terms.append(term)
+            truncs.append(trunc)
+            if term or trunc:
+                write_term(i, obs)
+                obs, reset_info = env.reset()
+                if info or reset_info:
+                    items.append((i, info, reset_info))
+            elif info:
+                items.append((i, info, None))
+            write_obs(i, obs)
+            i += 1
+        self.current = None
+        self.rew[start:self.stop] = rews
+        self.terminated[start:self.stop] = terms
+        self.truncated[start:self.stop] = truncs
+        return items
+
+    def _reset(self) -> list:
+        words = self.words
+        assert words is not None
+        arg_len = words.load(P.word(self.index, P.ARG_LEN))
+        seeds, options = pickle.loads(self.mailbox[:arg_len]) if arg_len else (None, None)
+        items = []
+        for j, env in enumerate(self.envs):
+            i = self.current = self.start + j
+            seed = seeds[j] if seeds is not None else None
+            opts = options[j] if options is not None else None
+            obs, reset_info = env.reset(seed=seed, **({"options": opts} if opts else {}))
+            self.write_obs(i, obs)
+            if reset_info:
+                items.append((i, reset_info))
+        self.current = None
+        return items
+
+    def _pipe_command(self) -> None:
+        name, args = self.conn.recv()
+        try:
+            result = self._run_pipe_command(name, args)
+            self.conn.send(("ok", result))
+        except Exception as exc:
+            self.conn.send(("error", pack_exception(exc, env_index=self.current, worker=self.index, command=name)))
+        self.current = None
+
+    def _run_pipe_command(self, name: str, args: tuple) -> Any:
+        indices = args[0]
+        out = []
+        for i in indices:
+            self.current = i
+            env = self.envs[i - self.start]
+            if name == "get_attr":
+                out.append(env.get_wrapper_attr(args[1]))
+            elif name == "has_attr":
+                try:
+                    env.get_wrapper_attr(args[1])
+                    out.append(True)
+                except AttributeError:
+                    out.append(False)
+            elif name == "set_attr":
+                setattr(env, args[1], args[2])
+                out.append(None)
+            elif name == "env_method":
+                out.append(env.get_wrapper_attr(args[1])(*args[2], **args[3]))
+            elif name == "is_wrapped":
+                out.append(_is_wrapped(env, args[1]))
+            elif name == "render":
+                out.append(env.render())
+            else:
+                raise ShmVecEnvError(f"unknown command {name!r}")
+        return out
+
+    def close_envs(self) -> BaseException | None:
+        first: BaseException | None = None
+        for j, env in enumerate(self.envs):
+            try:
+                env.close()
+            except Exception as exc:
+                if first is None:
+                    self.current = self.start + j
+                    first = exc
+        return first
+
+
+def _recv(conn: Connection, parent: _ParentWatch) -> Any:
+    """conn.recv(), giving up when the parent dies (fork copies make EOF unreliable)."""
+    while not conn.poll(P.PARENT_POLL_S):
+        if not parent.alive():
+            raise EOFError("parent process died")
+    return conn.recv()
+
+
+def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connection, parent_pid: int,
+                threads: int | None, spin: float) -> None:
+    """Entry point of a worker process (the target of ``multiprocessing.Process``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
+    _cap_threads(threads, after_envs=False)
+    parent = _ParentWatch(parent_pid)
+    worker: _Worker | None = None
+    try:
+        try:
+            envs = _build_envs(env_fns_bytes, env_range)
+        except Exception as exc:
+            conn.send(("error", pack_exception(exc, env_index=None, worker=index, command="env construction")))
+            return
+        _cap_threads(threads, after_envs=True)
+        worker = _Worker(index, env_range, envs, conn, parent, spin)
+        first = envs[0]
+        conn.send(("spaces", (first.observation_space, first.action_space,
+                              getattr(first, "render_mode", None), dict(first.metadata))))
+        msg = _recv(conn, parent)
+        if msg[0] != "attach":
+            return
+        worker.attach(*msg[1])
+        conn.send(("ready", None))
+        worker.serve()
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the parent went away: nothing to report to
+    finally:
+        if worker is not None:
+            error = worker.close_envs()
+            worker.detach()
+            try:
+                packed = None if error is None else pack_exception(
+                    error, env_index=worker.current, worker=index, command="close")
+                conn.send(("closed", packed))
+            except (OSError, EOFError):
+                pass
+        parent.close()
+        conn.close()

@@ -1,0 +1,647 @@
+"""ShmVecEnv: a Stable-Baselines3 ``VecEnv`` whose workers step slices of envs in shared memory.
+
+The protocol between this class and its workers is written down in
+:mod:`shmvec._protocol`; the buffers are laid out by :mod:`shmvec._layout`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import secrets
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from multiprocessing import resource_tracker
+from multiprocessing.connection import Connection, wait as mp_wait
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import cloudpickle
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
+
+from shmvec import _protocol as P
+from shmvec._core import Words
+from shmvec._errors import (
+    AlreadyPendingCallError,
+    BrokenVecEnvError,
+    ClosedVecEnvError,
+    NoAsyncCallError,
+    ShmVecEnvError,
+    SpaceError,
+    WorkerDiedError,
+    WorkerTimeoutError,
+    describe_exitcode,
+    unpack_exception,
+)
+from shmvec._layout import Layout, close_mapping, make_gather, split_envs
+from shmvec._worker import worker_main
+
+_BROKEN_HINT = "The vec env cannot go on: call close() and build a new one."
+_CALL_HINT = "The vec env is still usable."
+# Bounds of close(): polite exit, then SIGTERM, then SIGKILL.
+_CLOSE_JOIN_S = 5.0
+_TERMINATE_JOIN_S = 1.0
+
+
+def default_start_method() -> str:
+    """As SB3: forkserver where available (thread-safe, cheap), else spawn."""
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def default_n_workers(n_envs: int) -> int:
+    """No more workers than cores this process may run on, nor than envs."""
+    return max(1, min(n_envs, _cores()))
+
+
+class _Resources:
+    """Everything that must be released, reachable without the vec env (for weakref.finalize).
+
+    Class-level defaults make ``release()`` safe on a half-built object.
+    """
+
+    processes: list = []
+    conns: list[Connection] = []
+    shm: SharedMemory | None = None
+    unlinked: bool = False
+    words: Words | None = None
+    views: Any = None
+    released: bool = False
+
+    def unlink(self) -> None:
+        if self.shm is not None and not self.unlinked:
+            self.unlinked = True
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass
+
+    def release(self, polite: bool = True) -> list[tuple[int, dict]]:
+        """Stops the workers (politely if asked), frees the memory; returns errors env.close() raised."""
+        if self.released:
+            return []
+        self.released = True
+        close_errors: list[tuple[int, dict]] = []
+        words = self.words
+        alive = [(w, p) for w, p in enumerate(self.processes) if p.is_alive()]
+        if polite and words is not None:
+            for w, _ in alive:
+                words.store(P.word(w, P.CMD), P.Cmd.CLOSE)
+                words.fetch_add(P.word(w, P.CMD_SEQ), 1)
+                words.wake(P.word(w, P.CMD_SEQ))
+        elif polite:
+            for w, _ in alive:  # still in the handshake: tell them on the pipe
+                try:
+                    self.conns[w].send(("abort", None))
+                except OSError:
+                    pass
+        deadline = time.monotonic() + (_CLOSE_JOIN_S if polite else 0.0)
+        for w, p in alive:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for w, p in alive:
+            if p.is_alive():
+                p.terminate()
+                p.join(_TERMINATE_JOIN_S)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for w, conn in enumerate(self.conns):
+            try:
+                while conn.poll(0):
+                    msg = conn.recv()
+                    if msg[0] == "closed" and msg[1] is not None:
+                        close_errors.append((w, msg[1]))
+            except (EOFError, OSError):
+                pass
+            conn.close()
+        for p in self.processes:
+            p.close()
+        if words is not None:
+            words.release()
+        self.words = None
+        self.views = None
+        if self.shm is not None:
+            self.unlink()
+            close_mapping(self.shm)
+        return close_errors
+
+
+class ShmVecEnv(VecEnv):
+    """A vectorized environment whose workers step slices of the envs in shared memory.
+
+    A drop-in for SB3's ``SubprocVecEnv``::
+
+        env = make_vec_env("CartPole-v1", n_envs=64, vec_env_cls=ShmVecEnv)
+
+    :param env_fns: callables that each build a new ``gymnasium.Env``; lambdas and closures are
+        fine (they are sent with cloudpickle).
+    :param n_workers: worker processes; each steps a contiguous slice of the envs.  Default: the
+        number of cores this process may use, at most ``len(env_fns)``.
+    :param start_method: ``"fork"``, ``"forkserver"`` or ``"spawn"``; default as SB3 (forkserver
+        where available, else spawn).
+    :param copy: when True (default), ``reset``/``step_wait`` return arrays of their own.  When
+        False, observations are views of the shared buffers: no copy, but **the next step
+        overwrites them**, so copy whatever you keep (SB3's algorithms keep ``_last_obs``: leave
+        ``copy=True`` for them).
+    :param worker_threads: cap on BLAS/OpenMP/torch threads in each worker (None: leave as is).
+    :param timeout: seconds to wait for the workers on any command before raising
+        ``WorkerTimeoutError`` (None: wait as long as they are alive).
+    :param spin_us: microseconds a waiting side spins before it sleeps on the futex.  Default: the
+        workers spin a few microseconds, the parent spins only when a core is free for it.
+    :param mailbox_bytes: per-worker shared buffer for infos and reset arguments; larger results
+        travel through the worker's pipe instead.
+
+    :raises TypeError: ``env_fns`` holds something that is not callable (an env instance).
+    :raises SpaceError: the envs' spaces differ or cannot live in shared memory.
+    :raises WorkerDiedError: a worker died while starting.
+    """
+
+    # Class-level defaults: close() and __del__ are safe on a half-built object.
+    closed = True
+    waiting = False
+    _broken: BaseException | None = None
+    _res: _Resources | None = None
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]],
+        n_workers: int | None = None,
+        start_method: str | None = None,
+        copy: bool = True,
+        worker_threads: int | None = 1,
+        timeout: float | None = None,
+        spin_us: float | None = None,
+        mailbox_bytes: int = P.MAILBOX_BYTES,
+    ) -> None:
+        env_fns = list(env_fns)
+        n_envs = len(env_fns)
+        if n_envs == 0:
+            raise ValueError("ShmVecEnv needs at least one env factory")
+        for i, fn in enumerate(env_fns):
+            if isinstance(fn, gym.Env) or not callable(fn):
+                raise TypeError(
+                    f"env_fns[{i}] is {type(fn).__name__}, not a callable: pass functions that each build a new env, "
+                    "e.g. [lambda: gym.make('CartPole-v1')] * n or make_vec_env(...), not env instances."
+                )
+        n_workers = default_n_workers(n_envs) if n_workers is None else int(n_workers)
+        if not 1 <= n_workers <= n_envs:
+            raise ValueError(f"n_workers must be in [1, {n_envs}] for {n_envs} envs, got {n_workers}")
+        start_method = start_method or default_start_method()
+        if start_method not in mp.get_all_start_methods():
+            raise ValueError(f"start_method {start_method!r} is not one of {mp.get_all_start_methods()}")
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout must be positive or None, got {timeout}")
+        self.n_workers = n_workers
+        self.start_method = start_method
+        self.copy = copy
+        self.timeout = timeout
+        self.slices = split_envs(n_envs, n_workers)
+        if spin_us is None:
+            self._worker_spin = 5e-6
+            self._parent_spin = 20e-6 if n_workers < _cores() else 0.0
+        else:
+            self._worker_spin = self._parent_spin = max(0.0, spin_us) * 1e-6
+
+        payloads = [self._pickle_factories(env_fns, sl) for sl in self.slices]
+        res = self._res = _Resources()
+        self._finalizer = weakref.finalize(self, res.release)
+        res.processes, res.conns = [], []
+        self.closed = False
+        try:
+            self._start_workers(payloads, worker_threads, mailbox_bytes)
+        except BaseException:
+            self.closed = True
+            self._finalizer()
+            raise
+
+    # ---- construction ------------------------------------------------------------------------------
+    @staticmethod
+    def _pickle_factories(env_fns: list, sl: range) -> bytes:
+        try:
+            return cloudpickle.dumps(env_fns[sl.start:sl.stop])
+        except Exception:
+            for i in sl:
+                try:
+                    cloudpickle.dumps(env_fns[i])
+                except Exception as exc:
+                    raise TypeError(
+                        f"env_fns[{i}] cannot be pickled to send it to a worker ({type(exc).__name__}: {exc}). "
+                        "Build unpicklable objects (sockets, locks, native handles) inside the env or its factory, "
+                        "and pass plain data (host, port, paths) to the factory instead."
+                    ) from exc
+            raise
+
+    def _start_workers(self, payloads: list[bytes], threads: int | None, mailbox_bytes: int) -> None:
+        res = self._res
+        assert res is not None
+        ctx = mp.get_context(self.start_method)
+        # Started before any worker so that every worker shares it (fork copies its fd), and an
+        # attach in a worker is a no-op for it rather than a tracker of its own.
+        resource_tracker.ensure_running()
+        for w, sl in enumerate(self.slices):
+            parent_conn, child_conn = ctx.Pipe(duplex=True)
+            res.conns.append(parent_conn)
+            proc = ctx.Process(
+                target=worker_main,
+                args=(w, sl, payloads[w], child_conn, os.getpid(), threads, self._worker_spin),
+                daemon=True,
+                name=f"shmvec-worker-{w}",
+            )
+            res.processes.append(proc)
+            proc.start()
+            child_conn.close()
+        self._sentinels = {p.sentinel: w for w, p in enumerate(res.processes)}
+
+        # Handshake 1: every worker reports its spaces (no env is ever built here).
+        hellos = [self._recv(w, "env construction", _BROKEN_HINT) for w in range(self.n_workers)]
+        obs_space, act_space, render_mode, metadata = hellos[0]
+        for w, (o, a, _, _) in enumerate(hellos[1:], start=1):
+            for name, mine, first in (("observation_space", o, obs_space), ("action_space", a, act_space)):
+                if mine != first:
+                    raise SpaceError(
+                        f"env {self.slices[w].start} has {name} {mine}, env 0 has {first}: "
+                        "all envs of a vec env must share their spaces."
+                    )
+        layout = Layout(obs_space, act_space, self.slices[-1].stop, self.n_workers, mailbox_bytes)
+        res.shm = SharedMemory(name=f"shmvec_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=layout.nbytes)
+        try:
+            os.posix_fallocate(res.shm._fd, 0, layout.nbytes)  # ENOSPC now, not SIGBUS mid-step
+        except (AttributeError, OSError) as exc:
+            if getattr(exc, "errno", None) == 28:
+                raise ShmVecEnvError(
+                    f"/dev/shm has no room for {layout.nbytes} bytes of buffers; enlarge it "
+                    "(docker: --shm-size) or use fewer envs or smaller observations."
+                ) from exc
+
+        # Handshake 2: every worker attaches; then the name is unlinked, so no segment outlives us.
+        for conn in res.conns:
+            conn.send(("attach", (res.shm.name, layout.n_envs, self.n_workers, mailbox_bytes)))
+        for w in range(self.n_workers):
+            self._recv(w, "attach", _BROKEN_HINT)
+        res.unlink()
+
+        self._layout = layout
+        views = res.views = layout.views(res.shm.buf)
+        self._words = res.words = Words(res.shm.buf, layout.ctrl_offset, layout.ctrl_words)
+        self._views = views
+        self._seq = [0] * self.n_workers
+        self._obs_view = make_gather(obs_space, views.obs, copy=False)
+        self._obs_copy = make_gather(obs_space, views.obs, copy=True)
+        self._term_obs = make_gather(obs_space, views.term_obs, copy=True)
+        self._act_leaves = [(leaf, views.act[leaf.path]) for leaf in layout.act_leaves]
+        super().__init__(layout.n_envs, obs_space, act_space)
+        self.metadata = metadata
+
+    # ---- SB3 VecEnv API -----------------------------------------------------------------------------
+    def reset(self) -> VecEnvObs:
+        """Resets every env with the seeds from ``seed()`` and options from ``set_options()`` (used once).
+
+        :raises ClosedVecEnvError, BrokenVecEnvError, AlreadyPendingCallError: misuse.
+        :raises WorkerDiedError: a worker died.
+        """
+        self._check_usable()
+        if self.waiting:
+            raise AlreadyPendingCallError("reset() while a step is in flight: call step_wait() first")
+        mailbox = self._views.mailbox
+        for w, sl in enumerate(self.slices):
+            seeds = self._seeds[sl.start:sl.stop]
+            options = self._options[sl.start:sl.stop]
+            has_seeds = any(s is not None for s in seeds)
+            has_options = any(bool(o) for o in options)
+            arg_len = 0
+            if has_seeds or has_options:
+                data = pickle.dumps((seeds if has_seeds else None, options if has_options else None), protocol=5)
+                if len(data) >= mailbox.shape[1]:
+                    raise ValueError(
+                        f"reset options of envs {sl.start}..{sl.stop - 1} take {len(data)} bytes, more than the "
+                        f"mailbox of {mailbox.shape[1]}: pass a larger mailbox_bytes to ShmVecEnv"
+                    )
+                mailbox[w, :len(data)] = np.frombuffer(data, dtype=np.uint8)
+                arg_len = len(data)
+            self._words.store(P.word(w, P.ARG_LEN), arg_len)
+        self._post(P.Cmd.RESET)
+        results = self._complete("reset")
+        self.reset_infos = [{} for _ in range(self.num_envs)]
+        for items in results:
+            for i, info in items:
+                self.reset_infos[i] = info
+        self._reset_seeds()
+        self._reset_options()
+        return self._obs_copy(slice(None)) if self.copy else self._obs_view(slice(None))
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Writes ``actions`` into shared memory and starts every worker.
+
+        :raises ValueError: the actions do not fit the action space (shape, dtype, NaN).
+        :raises AlreadyPendingCallError: a step is already in flight.
+        """
+        self._check_usable()
+        if self.waiting:
+            raise AlreadyPendingCallError("step_async() called twice: call step_wait() before the next step_async()")
+        self._write_actions(actions)
+        self._post(P.Cmd.STEP)
+        self.waiting = True
+
+    def step_wait(self) -> VecEnvStepReturn:
+        """Waits for the step started by ``step_async`` and returns (obs, rewards, dones, infos).
+
+        :raises NoAsyncCallError: no step is in flight.
+        :raises WorkerDiedError: a worker died; the original exception type if an env raised.
+        """
+        self._check_usable()
+        if not self.waiting:
+            raise NoAsyncCallError("step_wait() without a preceding step_async()")
+        try:
+            results = self._complete("step")
+        finally:
+            self.waiting = False
+        views = self._views
+        terminated, truncated = views.terminated, views.truncated
+        dones = terminated | truncated
+        time_limit = (truncated & ~terminated).tolist()
+        infos: list[dict[str, Any]] = [{"TimeLimit.truncated": t} for t in time_limit]
+        done_indices = np.flatnonzero(dones).tolist()
+        for i in done_indices:
+            self.reset_infos[i] = {}  # replaced below when the env's reset returned a non-empty info
+        for items in results:
+            for i, info, reset_info in items:
+                if info:
+                    info["TimeLimit.truncated"] = time_limit[i]
+                    infos[i] = info
+                if reset_info is not None:
+                    self.reset_infos[i] = reset_info
+        for i in done_indices:
+            infos[i]["terminal_observation"] = self._term_obs(i)
+        obs = self._obs_copy(slice(None)) if self.copy else self._obs_view(slice(None))
+        return obs, views.rew.copy(), dones, infos
+
+    def close(self) -> None:
+        """Stops the workers and frees the shared memory.  Idempotent, bounded in time.
+
+        :raises: the first exception an env's ``close()`` raised, after everything is released.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        res = self._res
+        if res is None:
+            return
+        # Workers that timed out may be stuck in an env: do not wait for them to answer.
+        polite = not isinstance(self._broken, WorkerTimeoutError)
+        if self.waiting and polite:
+            try:
+                self._complete("step", deadline_s=_CLOSE_JOIN_S)
+            except BaseException:
+                polite = False
+        self.waiting = False
+        self._views = None
+        self._obs_view = self._obs_copy = self._term_obs = None  # drop views before unmapping
+        self._act_leaves = []
+        errors = res.release(polite=polite)
+        self._finalizer.detach()
+        if errors:
+            _, packed = errors[0]
+            raise unpack_exception(packed, "Everything else was released.")
+
+    def get_images(self) -> Sequence[np.ndarray | None]:
+        if self.render_mode != "rgb_array":
+            warnings.warn(
+                f"The render mode is {self.render_mode}, but this method assumes it is `rgb_array` to obtain images."
+            )
+            return [None for _ in range(self.num_envs)]
+        return self._pipe_call("render", None, ())
+
+    def has_attr(self, attr_name: str) -> bool:
+        return all(self._pipe_call("has_attr", None, (attr_name,)))
+
+    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+        return self._pipe_call("get_attr", indices, (attr_name,))
+
+    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+        self._pipe_call("set_attr", indices, (attr_name, value))
+
+    def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None, **method_kwargs) -> list[Any]:
+        return self._pipe_call("env_method", indices, (method_name, method_args, method_kwargs))
+
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
+        return self._pipe_call("is_wrapped", indices, (wrapper_class,))
+
+    # ---- internals ------------------------------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self.closed:
+            raise ClosedVecEnvError("this ShmVecEnv is closed; build a new one")
+        if self._broken is not None:
+            raise BrokenVecEnvError(
+                f"an earlier failure ({type(self._broken).__name__}: {self._broken}) left this ShmVecEnv unusable; "
+                "call close() and build a new one"
+            ) from self._broken
+
+    def _write_actions(self, actions: Any) -> None:
+        if len(self._act_leaves) == 1 and self._act_leaves[0][0].path == ():
+            leaf, buf = self._act_leaves[0]
+            self._write_leaf(buf, leaf, actions)
+            return
+        for leaf, buf in self._act_leaves:
+            value = actions
+            for key in leaf.path:
+                value = value[key]
+            self._write_leaf(buf, leaf, value)
+
+    def _write_leaf(self, buf: np.ndarray, leaf: Any, value: Any) -> None:
+        arr = np.asarray(value)
+        if arr.shape != buf.shape:
+            if arr.size == buf.size:
+                arr = arr.reshape(buf.shape)
+            else:
+                where = "".join(f"[{k!r}]" for k in leaf.path)
+                raise ValueError(
+                    f"actions{where} have shape {arr.shape}; expected {buf.shape} "
+                    f"(n_envs={self.num_envs} x the action space's {leaf.shape})"
+                )
+        if arr.dtype != buf.dtype and not np.can_cast(arr.dtype, buf.dtype, "same_kind"):
+            where = "".join(f"[{k!r}]" for k in leaf.path)
+            raise ValueError(f"actions{where} have dtype {arr.dtype}, which does not cast safely to {buf.dtype}")
+        np.copyto(buf, arr, casting="unsafe")
+
+    def _post(self, cmd: P.Cmd) -> None:
+        words = self._words
+        words.store(P.PENDING, self.n_workers)
+        for w in range(self.n_workers):
+            self._seq[w] = (self._seq[w] + 1) & 0xFFFFFFFF
+            seq_word = P.word(w, P.CMD_SEQ)
+            words.store(P.word(w, P.CMD), cmd)
+            words.store(seq_word, self._seq[w])
+            words.wake(seq_word)
+
+    def _complete(self, command: str, deadline_s: float | None = None) -> list[list]:
+        """Waits for PENDING to reach 0, then collects each worker's infos (or error)."""
+        words = self._words
+        limit = self.timeout if deadline_s is None else deadline_s
+        waited = 0.0
+        pending = words.load(P.PENDING)
+        while pending != 0:
+            value = words.wait_while(P.PENDING, pending, P.POLL_S, self._parent_spin)
+            if value is not None:
+                pending = value
+                continue
+            self._check_workers_alive(command)
+            waited += P.POLL_S
+            if limit is not None and waited >= limit:
+                late = [w for w in range(self.n_workers) if words.load(P.word(w, P.DONE_SEQ)) != self._seq[w]]
+                envs = [i for w in late for i in self.slices[w]]
+                self._broken = WorkerTimeoutError(
+                    f"{command}: workers {late} (envs {_ranges(envs)}) did not answer within {limit:g} s. "
+                    "The env may hang; call close() (it terminates them) and build a new vec env."
+                )
+                raise self._broken
+            pending = words.load(P.PENDING)
+        results: list[list] = []
+        error: BaseException | None = None
+        for w in range(self.n_workers):
+            status = words.load(P.word(w, P.STATUS))
+            if status == P.Status.ERROR:
+                tag, packed = self._recv_raw(w, command)
+                exc = unpack_exception(packed, _BROKEN_HINT)
+                error = error or exc
+                results.append([])
+                continue
+            n = words.load(P.word(w, P.RESULT_LEN))
+            if n == 0:
+                results.append([])
+            elif n == P.RESULT_IN_PIPE:
+                results.append(pickle.loads(self._recv_bytes(w, command)))
+            else:
+                results.append(pickle.loads(self._views.mailbox[w, :n]))
+        if error is not None:
+            self._broken = error
+            raise error
+        return results
+
+    def _check_workers_alive(self, command: str) -> None:
+        res = self._res
+        assert res is not None
+        dead = mp_wait(list(self._sentinels), timeout=0)
+        if dead:
+            w = self._sentinels[dead[0]]
+            proc = res.processes[w]
+            proc.join(0)
+            sl = self.slices[w]
+            err = WorkerDiedError(
+                f"worker {w} (envs {sl.start}..{sl.stop - 1}) died during {command} with "
+                f"{describe_exitcode(proc.exitcode)}. A native crash (SIGSEGV), the OOM killer (SIGKILL) or "
+                "os._exit in an env are the usual causes. " + _BROKEN_HINT,
+                worker=w, env_indices=sl, exitcode=proc.exitcode,
+            )
+            self._broken = err
+            raise err
+
+    def _wait_conn(self, w: int, command: str) -> None:
+        """Blocks until worker w's pipe has data; raises if the worker dies or the timeout passes."""
+        res = self._res
+        assert res is not None
+        conn = res.conns[w]
+        waited = 0.0
+        while not conn.poll(0):
+            ready = mp_wait([conn, res.processes[w].sentinel], timeout=P.POLL_S)
+            if conn in ready or conn.poll(0):
+                return
+            if ready:
+                self._check_workers_alive(command)
+            waited += P.POLL_S
+            if self.timeout is not None and waited >= self.timeout:
+                sl = self.slices[w]
+                self._broken = WorkerTimeoutError(
+                    f"{command}: worker {w} (envs {sl.start}..{sl.stop - 1}) did not answer within "
+                    f"{self.timeout:g} s. Call close() (it terminates it) and build a new vec env."
+                )
+                raise self._broken
+
+    def _recv_raw(self, w: int, command: str) -> Any:
+        self._wait_conn(w, command)
+        try:
+            return self._res.conns[w].recv()  # type: ignore[union-attr]
+        except EOFError:
+            self._check_workers_alive(command)
+            raise
+
+    def _recv_bytes(self, w: int, command: str) -> bytes:
+        self._wait_conn(w, command)
+        return self._res.conns[w].recv_bytes()  # type: ignore[union-attr]
+
+    def _recv(self, w: int, command: str, hint: str) -> Any:
+        tag, payload = self._recv_raw(w, command)
+        if tag == "error":
+            raise unpack_exception(payload, hint)
+        return payload
+
+    def _pipe_call(self, name: str, indices: VecEnvIndices, args: tuple) -> list[Any]:
+        self._check_usable()
+        if self.waiting:
+            raise AlreadyPendingCallError(f"{name}() while a step is in flight: call step_wait() first")
+        res = self._res
+        assert res is not None
+        targets = list(self._get_indices(indices))
+        by_worker: dict[int, list[int]] = {}
+        for i in targets:
+            if not 0 <= i < self.num_envs:
+                raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
+            by_worker.setdefault(self._worker_of(i), []).append(i)
+        for w, idx in by_worker.items():
+            try:
+                res.conns[w].send((name, (idx, *args)))
+            except (BrokenPipeError, ConnectionResetError):
+                self._check_workers_alive(name)
+                raise
+            self._seq[w] = (self._seq[w] + 1) & 0xFFFFFFFF
+            self._words.store(P.word(w, P.CMD), P.Cmd.PIPE)
+            self._words.store(P.word(w, P.CMD_SEQ), self._seq[w])
+            self._words.wake(P.word(w, P.CMD_SEQ))
+        answers: dict[int, Any] = {}
+        error: BaseException | None = None
+        for w, idx in by_worker.items():
+            tag, payload = self._recv_raw(w, name)
+            if tag == "error":
+                error = error or unpack_exception(payload, _CALL_HINT)
+            else:
+                answers.update(zip(idx, payload))
+        if error is not None:
+            raise error
+        return [answers[i] for i in targets]
+
+    def _worker_of(self, i: int) -> int:
+        base, extra = divmod(self.num_envs, self.n_workers)
+        big = extra * (base + 1)
+        return i // (base + 1) if i < big else extra + (i - big) // base
+
+    def __del__(self) -> None:
+        if not self.closed:
+            try:
+                self.close()
+            except Exception:
+                pass
+
+
+def _ranges(indices: list[int]) -> str:
+    if not indices:
+        return "none"
+    out, start, prev = [], indices[0], indices[0]
+    for i in indices[1:] + [None]:  # type: ignore[list-item]
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(f"{start}" if start == prev else f"{start}..{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(out)
