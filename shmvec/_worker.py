@@ -138,6 +138,9 @@ class _Worker:
         self.read_action = make_gather(env.action_space, views.act, copy=True)
         self.write_obs = make_scatter(env.observation_space, views.obs, "observation")
         self.write_term = make_scatter(env.observation_space, views.term_obs, "observation")
+        # The last command seen, read before this worker reports "ready": the parent posts nothing
+        # before every worker is ready, and may post the first command before serve() starts.
+        self.seen = self.words.load(P.word(self.index, P.CMD_SEQ))
 
     def detach(self) -> None:
         self.read_action = self.write_obs = self.write_term = None  # type: ignore[assignment]
@@ -157,7 +160,7 @@ class _Worker:
         words = self.words
         assert words is not None
         seq_word = P.word(self.index, P.CMD_SEQ)
-        seen = words.load(seq_word)
+        seen = self.seen  # not a fresh load: a command posted since "ready" would be missed
         while True:
             value = words.wait_while(seq_word, seen, P.PARENT_POLL_S, self.spin)
             if value is None:

@@ -47,6 +47,8 @@ _CALL_HINT = "The vec env is still usable."
 # Bounds of close(): polite exit, then SIGTERM, then SIGKILL.
 _CLOSE_JOIN_S = 5.0
 _TERMINATE_JOIN_S = 1.0
+# How long to wait to reap a worker whose sentinel says it is gone (for its exit code).
+_DIED_JOIN_S = 1.0
 
 
 def default_start_method() -> str:
@@ -300,7 +302,7 @@ class ShmVecEnv(VecEnv):
         self._obs_view = make_gather(obs_space, views.obs, copy=False)
         self._obs_copy = make_gather(obs_space, views.obs, copy=True)
         self._term_obs = make_gather(obs_space, views.term_obs, copy=True)
-        self._act_leaves = [(leaf, views.act[leaf.path]) for leaf in layout.act_leaves]
+        self._act_leaves = list(layout.act_leaves)
         super().__init__(layout.n_envs, obs_space, act_space)
         self.metadata = metadata
 
@@ -314,7 +316,9 @@ class ShmVecEnv(VecEnv):
         self._check_usable()
         if self.waiting:
             raise AlreadyPendingCallError("reset() while a step is in flight: call step_wait() first")
-        mailbox = self._views.mailbox
+        # No local name for a view of the buffers here or in _write_actions: the traceback of an
+        # exception raised below would keep the mapping (and its fd) alive after close().
+        mailbox_bytes = self._layout.mailbox_bytes
         for w, sl in enumerate(self.slices):
             seeds = self._seeds[sl.start:sl.stop]
             options = self._options[sl.start:sl.stop]
@@ -323,12 +327,12 @@ class ShmVecEnv(VecEnv):
             arg_len = 0
             if has_seeds or has_options:
                 data = pickle.dumps((seeds if has_seeds else None, options if has_options else None), protocol=5)
-                if len(data) >= mailbox.shape[1]:
+                if len(data) >= mailbox_bytes:
                     raise ValueError(
                         f"reset options of envs {sl.start}..{sl.stop - 1} take {len(data)} bytes, more than the "
-                        f"mailbox of {mailbox.shape[1]}: pass a larger mailbox_bytes to ShmVecEnv"
+                        f"mailbox of {mailbox_bytes}: pass a larger mailbox_bytes to ShmVecEnv"
                     )
-                mailbox[w, :len(data)] = np.frombuffer(data, dtype=np.uint8)
+                self._views.mailbox[w, :len(data)] = np.frombuffer(data, dtype=np.uint8)
                 arg_len = len(data)
             self._words.store(P.word(w, P.ARG_LEN), arg_len)
         self._post(P.Cmd.RESET)
@@ -449,31 +453,31 @@ class ShmVecEnv(VecEnv):
             ) from self._broken
 
     def _write_actions(self, actions: Any) -> None:
-        if len(self._act_leaves) == 1 and self._act_leaves[0][0].path == ():
-            leaf, buf = self._act_leaves[0]
-            self._write_leaf(buf, leaf, actions)
+        if len(self._act_leaves) == 1 and self._act_leaves[0].path == ():
+            self._write_leaf(self._act_leaves[0], actions)
             return
-        for leaf, buf in self._act_leaves:
+        for leaf in self._act_leaves:
             value = actions
             for key in leaf.path:
                 value = value[key]
-            self._write_leaf(buf, leaf, value)
+            self._write_leaf(leaf, value)
 
-    def _write_leaf(self, buf: np.ndarray, leaf: Any, value: Any) -> None:
+    def _write_leaf(self, leaf: Any, value: Any) -> None:
         arr = np.asarray(value)
-        if arr.shape != buf.shape:
-            if arr.size == buf.size:
-                arr = arr.reshape(buf.shape)
+        shape = (self.num_envs, *leaf.shape)
+        if arr.shape != shape:
+            if arr.size == int(np.prod(shape, dtype=np.int64)):
+                arr = arr.reshape(shape)
             else:
                 where = "".join(f"[{k!r}]" for k in leaf.path)
                 raise ValueError(
-                    f"actions{where} have shape {arr.shape}; expected {buf.shape} "
+                    f"actions{where} have shape {arr.shape}; expected {shape} "
                     f"(n_envs={self.num_envs} x the action space's {leaf.shape})"
                 )
-        if arr.dtype != buf.dtype and not np.can_cast(arr.dtype, buf.dtype, "same_kind"):
+        if arr.dtype != leaf.dtype and not np.can_cast(arr.dtype, leaf.dtype, "same_kind"):
             where = "".join(f"[{k!r}]" for k in leaf.path)
-            raise ValueError(f"actions{where} have dtype {arr.dtype}, which does not cast safely to {buf.dtype}")
-        np.copyto(buf, arr, casting="unsafe")
+            raise ValueError(f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype}")
+        np.copyto(self._views.act[leaf.path], arr, casting="unsafe")
 
     def _post(self, cmd: P.Cmd) -> None:
         words = self._words
@@ -536,7 +540,9 @@ class ShmVecEnv(VecEnv):
         if dead:
             w = self._sentinels[dead[0]]
             proc = res.processes[w]
-            proc.join(0)
+            # The sentinel is ready once the process has closed its descriptors, which can be a
+            # moment before it can be reaped: join(0) would often report it as "still running".
+            proc.join(_DIED_JOIN_S)
             sl = self.slices[w]
             err = WorkerDiedError(
                 f"worker {w} (envs {sl.start}..{sl.stop - 1}) died during {command} with "
@@ -572,13 +578,28 @@ class ShmVecEnv(VecEnv):
         self._wait_conn(w, command)
         try:
             return self._res.conns[w].recv()  # type: ignore[union-attr]
-        except EOFError:
-            self._check_workers_alive(command)
+        except (EOFError, OSError):
+            self._raise_if_died(w, command)
             raise
 
     def _recv_bytes(self, w: int, command: str) -> bytes:
         self._wait_conn(w, command)
-        return self._res.conns[w].recv_bytes()  # type: ignore[union-attr]
+        try:
+            return self._res.conns[w].recv_bytes()  # type: ignore[union-attr]
+        except (EOFError, OSError):
+            self._raise_if_died(w, command)
+            raise
+
+    def _raise_if_died(self, w: int, command: str) -> None:
+        """After a failed pipe operation: raises WorkerDiedError if worker w is exiting.
+
+        A dead peer shows on the pipe as EOF, ECONNRESET (it died with our message unread) or
+        EPIPE, possibly a moment before its sentinel is ready, so wait for the sentinel briefly.
+        """
+        res = self._res
+        assert res is not None
+        mp_wait([res.processes[w].sentinel], timeout=_DIED_JOIN_S)
+        self._check_workers_alive(command)
 
     def _recv(self, w: int, command: str, hint: str) -> Any:
         tag, payload = self._recv_raw(w, command)
@@ -602,7 +623,7 @@ class ShmVecEnv(VecEnv):
             try:
                 res.conns[w].send((name, (idx, *args)))
             except (BrokenPipeError, ConnectionResetError):
-                self._check_workers_alive(name)
+                self._raise_if_died(w, name)
                 raise
             self._seq[w] = (self._seq[w] + 1) & 0xFFFFFFFF
             self._words.store(P.word(w, P.CMD), P.Cmd.PIPE)

@@ -1,0 +1,155 @@
+"""Leak checks shared by every test.
+
+The autouse fixture :func:`no_leaks` fails any test that leaves behind
+(a) a shared-memory segment ``/dev/shm/shmvec*``, (b) a child process, or
+(c) an open file descriptor.  The checks are plain functions
+(:func:`take_snapshot`, :func:`find_leaks`) so that ``test_conftest.py`` can
+check that they do detect leaks.
+
+multiprocessing's long-lived helpers are not leaks: the resource tracker and
+the forkserver are started lazily, once per test session, and keep a process
+and a file descriptor each.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import os
+import time
+from dataclasses import dataclass, field
+
+import psutil
+import pytest
+
+# Import the heavy libraries once, before any test takes a snapshot, so that
+# descriptors they open lazily on first import are not taken for leaks.
+import gymnasium  # noqa: F401
+import stable_baselines3  # noqa: F401
+import torch  # noqa: F401
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "shmvec"
+GRACE_S = 2.0
+
+
+@dataclass
+class Snapshot:
+    shm: set[str] = field(default_factory=set)
+    fds: dict[int, str] = field(default_factory=dict)
+    children: dict[int, str] = field(default_factory=dict)
+
+
+def shm_segments() -> set[str]:
+    try:
+        return {name for name in os.listdir(SHM_DIR) if name.startswith(SHM_PREFIX)}
+    except FileNotFoundError:  # pragma: no cover - no /dev/shm
+        return set()
+
+
+def helper_fds() -> set[int]:
+    """Descriptors multiprocessing keeps for its lazily started, long-lived helpers."""
+    fds = set()
+    tracker_fd = getattr(multiprocessing.resource_tracker._resource_tracker, "_fd", None)
+    if tracker_fd is not None:
+        fds.add(tracker_fd)
+    alive_fd = getattr(multiprocessing.forkserver._forkserver, "_forkserver_alive_fd", None)
+    if alive_fd is not None:
+        fds.add(alive_fd)
+    return fds
+
+
+def open_fds() -> dict[int, str]:
+    """Open descriptors of this process (number -> target), without the helpers' ones."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the descriptor of the directory listing itself, closed by now
+    for fd in helper_fds():
+        out.pop(fd, None)
+    return out
+
+
+def helper_pids() -> set[int]:
+    pids = set()
+    tracker_pid = getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None)
+    if tracker_pid is not None:
+        pids.add(tracker_pid)
+    server_pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    if server_pid is not None:
+        pids.add(server_pid)
+    return pids
+
+
+def child_processes() -> dict[int, str]:
+    """Descendants of this process (pid -> description), without multiprocessing's helpers.
+
+    The resource tracker and the forkserver are recognised by pid or, as a direct
+    child, by a command line naming them.  The forkserver's own children (workers
+    started with the ``forkserver`` method) have the same command line but are
+    grandchildren, so they are still reported.
+    """
+    me = psutil.Process()
+    skip = helper_pids()
+    out = {}
+    for proc in me.children(recursive=True):
+        try:
+            cmdline = " ".join(proc.cmdline())
+            status = proc.status()
+            ppid = proc.ppid()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            cmdline, status, ppid = "?", "zombie", -1
+        except psutil.AccessDenied:  # pragma: no cover
+            cmdline, status, ppid = "?", "?", -1
+        if proc.pid in skip:
+            continue
+        if ppid == me.pid and ("resource_tracker" in cmdline or "forkserver" in cmdline):
+            continue
+        out[proc.pid] = f"pid {proc.pid} ({status}): {cmdline[:200]}"
+    return out
+
+
+def take_snapshot() -> Snapshot:
+    return Snapshot(shm=shm_segments(), fds=open_fds(), children=child_processes())
+
+
+def leaks_since(before: Snapshot) -> list[str]:
+    """What is open now that was not in ``before`` (one line per leak)."""
+    problems = []
+    for name in sorted(shm_segments() - before.shm):
+        problems.append(f"shared-memory segment {SHM_DIR}/{name} left behind")
+    now_fds = open_fds()
+    for fd in sorted(set(now_fds) - set(before.fds)):
+        problems.append(f"file descriptor {fd} -> {now_fds[fd]} left open")
+    now_children = child_processes()
+    for pid in sorted(set(now_children) - set(before.children)):
+        problems.append(f"child process left behind: {now_children[pid]}")
+    return problems
+
+
+def find_leaks(before: Snapshot, grace_s: float = GRACE_S) -> list[str]:
+    """:func:`leaks_since`, polled for up to ``grace_s`` so that exiting processes can be reaped."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        problems = leaks_since(before)
+        if not problems or time.monotonic() >= deadline:
+            return problems
+        time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    before = take_snapshot()
+    yield
+    if request.node.get_closest_marker("allow_leaks"):
+        return
+    problems = find_leaks(before)
+    if problems:
+        pytest.fail("test leaked resources:\n  " + "\n  ".join(problems), pytrace=False)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "allow_leaks: the test checks the leak detector itself")

@@ -1,0 +1,67 @@
+"""Comparison helpers shared by the test modules."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+
+
+def assert_same(a: Any, b: Any, path: str = "value", ignore: frozenset[str] = frozenset(),
+                strict_dtype: bool = False) -> None:
+    """Asserts that two nested structures of dicts, tuples, lists, arrays and scalars are equal.
+
+    Arrays are compared with ``np.array_equal`` (exact); with ``strict_dtype`` their dtypes
+    and shapes must match as well.  Dict keys named in ``ignore`` are skipped (at any depth).
+    """
+    if isinstance(a, dict) or isinstance(b, dict):
+        assert isinstance(a, dict) and isinstance(b, dict), f"{path}: {type(a).__name__} vs {type(b).__name__}"
+        keys_a = set(a) - ignore
+        keys_b = set(b) - ignore
+        assert keys_a == keys_b, f"{path}: keys {sorted(map(str, keys_a))} vs {sorted(map(str, keys_b))}"
+        for key in a:
+            if key not in ignore:
+                assert_same(a[key], b[key], f"{path}[{key!r}]", ignore, strict_dtype)
+        return
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+        assert isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)), (
+            f"{path}: {type(a).__name__} vs {type(b).__name__}")
+        assert type(a) is type(b), f"{path}: {type(a).__name__} vs {type(b).__name__}"
+        assert len(a) == len(b), f"{path}: length {len(a)} vs {len(b)}"
+        for k, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{k}]", ignore, strict_dtype)
+        return
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        xa, xb = np.asarray(a), np.asarray(b)
+        if strict_dtype:
+            assert xa.dtype == xb.dtype, f"{path}: dtype {xa.dtype} vs {xb.dtype}"
+        assert xa.shape == xb.shape, f"{path}: shape {xa.shape} vs {xb.shape}"
+        assert np.array_equal(xa, xb), f"{path}: arrays differ\n{xa!r}\nvs\n{xb!r}"
+        return
+    if isinstance(a, (float, np.floating)) and isinstance(b, (float, np.floating)):
+        assert (a == b) or (np.isnan(a) and np.isnan(b)), f"{path}: {a!r} != {b!r}"
+        return
+    assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def close_all(*envs: Any) -> None:
+    """Closes every env even if one close() raises; re-raises the first error."""
+    first: BaseException | None = None
+    for env in envs:
+        if env is None:
+            continue
+        try:
+            env.close()
+        except BaseException as exc:  # noqa: BLE001
+            first = first or exc
+    if first is not None:
+        raise first
+
+
+@contextlib.contextmanager
+def closing(*envs: Any):
+    try:
+        yield envs if len(envs) != 1 else envs[0]
+    finally:
+        close_all(*envs)

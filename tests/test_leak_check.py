@@ -1,0 +1,88 @@
+"""The leak checks of conftest.py detect what they claim to detect."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.forkserver
+import os
+import secrets
+import subprocess
+import sys
+from multiprocessing.shared_memory import SharedMemory
+
+import pytest
+
+from conftest import find_leaks, take_snapshot
+
+
+def test_clean_state_has_no_leaks():
+    assert find_leaks(take_snapshot(), grace_s=0.0) == []
+
+
+@pytest.mark.allow_leaks
+def test_detects_shared_memory_segment():
+    before = take_snapshot()
+    shm = SharedMemory(name=f"shmvec_leaktest_{secrets.token_hex(4)}", create=True, size=64)
+    try:
+        problems = find_leaks(before, grace_s=0.2)
+        assert any(shm.name in p and "shared-memory" in p for p in problems), problems
+    finally:
+        shm.close()
+        shm.unlink()
+    assert find_leaks(before, grace_s=0.0) == []
+
+
+@pytest.mark.allow_leaks
+def test_detects_open_file_descriptor():
+    before = take_snapshot()
+    r, w = os.pipe()
+    try:
+        problems = find_leaks(before, grace_s=0.2)
+        assert any(f"file descriptor {r} " in p for p in problems), problems
+        assert any(f"file descriptor {w} " in p for p in problems), problems
+    finally:
+        os.close(r)
+        os.close(w)
+    assert find_leaks(before, grace_s=0.0) == []
+
+
+@pytest.mark.allow_leaks
+def test_detects_child_process():
+    before = take_snapshot()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        problems = find_leaks(before, grace_s=0.2)
+        assert any(f"pid {proc.pid} " in p for p in problems), problems
+    finally:
+        proc.kill()
+        proc.wait()
+    assert find_leaks(before, grace_s=0.0) == []
+
+
+def _sleep_forever():  # module level: importable by forkserver children
+    import time
+
+    time.sleep(60)
+
+
+@pytest.mark.allow_leaks
+def test_detects_forkserver_grandchild_but_not_the_forkserver():
+    ctx = mp.get_context("forkserver")
+    # Start the forkserver (and resource tracker) first: they are helpers, not leaks.
+    warmup = ctx.Process(target=os.getpid)
+    warmup.start()
+    warmup.join()
+    warmup.close()
+    before = take_snapshot()
+    assert find_leaks(before, grace_s=0.0) == []
+    proc = ctx.Process(target=_sleep_forever, daemon=True)
+    proc.start()
+    try:
+        problems = find_leaks(before, grace_s=0.2)
+        assert any(f"pid {proc.pid} " in p for p in problems), problems
+        assert not any(f"pid {mp.forkserver._forkserver._forkserver_pid} " in p for p in problems)
+    finally:
+        proc.kill()
+        proc.join()
+        proc.close()
+    assert find_leaks(before) == []

@@ -1,0 +1,384 @@
+"""Environments for the shmvec tests.
+
+Everything here is module level so that ``spawn`` and ``forkserver`` workers can
+import it (``tests/`` is on ``sys.path`` under pytest's default import mode).
+Factories are built with :func:`functools.partial` of module-level callables,
+which pickle by reference.
+
+The :class:`SpacesEnv` family is deterministic given its seed: observations,
+rewards, episode ends and infos are all drawn from ``self.np_random``, so a
+``ShmVecEnv`` and a ``DummyVecEnv`` built from the same factories and seeds must
+agree step for step.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.wrappers import TimeLimit
+
+# ---------------------------------------------------------------------------------------------
+# Spaces
+# ---------------------------------------------------------------------------------------------
+
+OBS_KINDS = ("box", "image", "discrete", "multidiscrete", "multibinary", "dict", "tuple")
+ACT_KINDS = ("discrete", "box", "multidiscrete", "multibinary")
+
+
+def make_obs_space(kind: str) -> spaces.Space:
+    if kind == "box":
+        return spaces.Box(-10.0, 10.0, shape=(5,), dtype=np.float32)
+    if kind == "image":
+        return spaces.Box(0, 255, shape=(8, 8, 3), dtype=np.uint8)
+    if kind == "discrete":
+        return spaces.Discrete(7)
+    if kind == "multidiscrete":
+        return spaces.MultiDiscrete([3, 4, 5])
+    if kind == "multibinary":
+        return spaces.MultiBinary(6)
+    if kind == "dict":
+        return spaces.Dict({
+            "pos": spaces.Box(-10.0, 10.0, shape=(3,), dtype=np.float32),
+            "mode": spaces.Discrete(4),
+        })
+    if kind == "tuple":
+        return spaces.Tuple((
+            spaces.Box(-10.0, 10.0, shape=(2, 2), dtype=np.float64),
+            spaces.MultiBinary(4),
+        ))
+    if kind == "nested":
+        return spaces.Dict({
+            "inner": spaces.Dict({
+                "vec": spaces.Box(-10.0, 10.0, shape=(2,), dtype=np.float32),
+                "choice": spaces.Discrete(5),
+            }),
+            "pair": spaces.Tuple((
+                spaces.MultiDiscrete([2, 3]),
+                spaces.Box(0, 255, shape=(2, 2), dtype=np.uint8),
+            )),
+            "flag": spaces.MultiBinary(3),
+        })
+    raise ValueError(f"unknown observation kind {kind!r}")
+
+
+def make_act_space(kind: str) -> spaces.Space:
+    if kind == "discrete":
+        return spaces.Discrete(3)
+    if kind == "box":
+        return spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+    if kind == "multidiscrete":
+        return spaces.MultiDiscrete([2, 3])
+    if kind == "multibinary":
+        return spaces.MultiBinary(3)
+    raise ValueError(f"unknown action kind {kind!r}")
+
+
+def draw(space: spaces.Space, rng: np.random.Generator, shift: float = 0.0) -> Any:
+    """A value of ``space`` drawn from ``rng`` (not from the space's own generator)."""
+    if isinstance(space, spaces.Dict):
+        return {key: draw(sub, rng, shift) for key, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(draw(sub, rng, shift) for sub in space.spaces)
+    if isinstance(space, spaces.Discrete):
+        return int(space.start + rng.integers(space.n))
+    if isinstance(space, spaces.MultiDiscrete):
+        return rng.integers(space.nvec).astype(space.dtype)
+    if isinstance(space, spaces.MultiBinary):
+        return rng.integers(0, 2, size=space.shape).astype(space.dtype)
+    if isinstance(space, spaces.Box):
+        if np.issubdtype(space.dtype, np.integer):
+            return rng.integers(space.low, space.high, size=space.shape, endpoint=True).astype(space.dtype)
+        value = rng.uniform(-1.0, 1.0, size=space.shape) + shift
+        return np.clip(value, space.low, space.high).astype(space.dtype)
+    raise TypeError(f"cannot draw from {space}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The deterministic env
+# ---------------------------------------------------------------------------------------------
+
+class SpacesEnv(gym.Env):
+    """A deterministic seeded env with a configurable observation and action space.
+
+    - observations, rewards and episode ends come from ``self.np_random``;
+    - the reward depends on the action;
+    - ``terminated`` happens at random (probability ``term_prob`` per step), the
+      factory adds a ``TimeLimit`` for ``truncated``;
+    - ``info`` is empty except every ``info_every`` steps;
+    - ``reset(options={"offset": x})`` shifts the observations and rewards of the episode;
+    - ``reset`` returns a non-empty info;
+    - ``scale`` (attribute) multiplies the rewards, ``bump(k)`` (method) adds to a counter.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
+
+    def __init__(self, obs_kind: str = "box", act_kind: str = "discrete", term_prob: float = 0.05,
+                 info_every: int = 3, render_mode: str | None = None, tag: int = 0) -> None:
+        self.obs_kind = obs_kind
+        self.act_kind = act_kind
+        self.observation_space = make_obs_space(obs_kind)
+        self.action_space = make_act_space(act_kind)
+        self.term_prob = term_prob
+        self.info_every = info_every
+        self.render_mode = render_mode
+        self.tag = tag
+        self.scale = 1.0
+        self.counter = 0
+        self.episodes = 0
+        self._t = 0
+        self._offset = 0.0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self._t = 0
+        self._offset = float(options.get("offset", 0.0)) if options else 0.0
+        self.episodes += 1
+        obs = draw(self.observation_space, self.np_random, self._offset)
+        info = {"episode_start": float(self.np_random.random()), "offset": self._offset, "tag": self.tag}
+        return obs, info
+
+    def step(self, action):
+        self._t += 1
+        a = float(np.sum(np.asarray(action, dtype=np.float64)))
+        reward = self.scale * (0.5 * a + float(self.np_random.normal()) + self._offset)
+        terminated = bool(self.np_random.random() < self.term_prob)
+        obs = draw(self.observation_space, self.np_random, self._offset)
+        info: dict[str, Any] = {}
+        if self._t % self.info_every == 0:
+            info = {"x": float(self.np_random.random()), "t": self._t, "action_sum": a}
+        return obs, reward, terminated, False, info
+
+    def render(self):
+        if self.render_mode != "rgb_array":
+            return None
+        return np.full((4, 6, 3), (self.tag * 10 + self._t) % 256, dtype=np.uint8)
+
+    # custom API for env_method / get_attr / set_attr
+    def bump(self, k: int = 1, *, times: int = 1) -> int:
+        self.counter += k * times
+        return self.counter
+
+    def describe(self) -> str:
+        return f"{self.obs_kind}/{self.act_kind}#{self.tag}"
+
+    def fail(self, message: str = "env_method failure"):
+        raise KeyError(message)
+
+
+def make_spaces_env(obs_kind: str = "box", act_kind: str = "discrete", index: int = 0,
+                    max_steps: int | None = None, **kwargs: Any) -> gym.Env:
+    """A ``SpacesEnv`` under a ``TimeLimit`` whose length depends on ``index`` (so envs truncate at different steps)."""
+    env = SpacesEnv(obs_kind, act_kind, tag=index, **kwargs)
+    return TimeLimit(env, max_episode_steps=max_steps if max_steps is not None else 12 + index % 7)
+
+
+def spaces_env_fns(obs_kind: str, act_kind: str, n_envs: int, **kwargs: Any) -> list:
+    return [functools.partial(make_spaces_env, obs_kind, act_kind, i, **kwargs) for i in range(n_envs)]
+
+
+def make_bare_env(obs_kind: str = "box", act_kind: str = "discrete", index: int = 0, **kwargs: Any) -> gym.Env:
+    """A ``SpacesEnv`` without wrappers (so ``set_attr`` reaches the env itself)."""
+    return SpacesEnv(obs_kind, act_kind, tag=index, **kwargs)
+
+
+def bare_env_fns(n_envs: int, **kwargs: Any) -> list:
+    return [functools.partial(make_bare_env, index=i, **kwargs) for i in range(n_envs)]
+
+
+def make_render_env(index: int = 0) -> gym.Env:
+    return SpacesEnv("box", "discrete", tag=index, render_mode="rgb_array", term_prob=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Misbehaving envs
+# ---------------------------------------------------------------------------------------------
+
+class EnvBoom(Exception):
+    """Raised by :class:`RaisingEnv`; picklable, so it crosses to the parent as itself."""
+
+
+class AwkwardError(Exception):
+    """An exception whose constructor does not accept its own ``args``: it cannot be unpickled."""
+
+    def __init__(self, code: int, where: str) -> None:
+        super().__init__(f"awkward failure {code} in {where}")
+        self.code = code
+
+
+class RaisingEnv(gym.Env):
+    """Raises in ``step`` (or ``reset``) once ``fail_at`` steps have been taken."""
+
+    def __init__(self, fail_at: int = 3, exc: str = "boom", in_reset: bool = False) -> None:
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.fail_at = fail_at
+        self.exc = exc
+        self.in_reset = in_reset
+        self._t = 0
+
+    def _raise(self):
+        if self.exc == "awkward":
+            raise AwkwardError(7, "step")
+        raise EnvBoom(f"boom after {self._t} steps")
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if self.in_reset:
+            self._raise()
+        return np.zeros(2, dtype=np.float32), {}
+
+    def step(self, action):
+        self._t += 1
+        if self._t >= self.fail_at:
+            self._raise()
+        return np.zeros(2, dtype=np.float32), 0.0, False, False, {}
+
+
+def make_raising_env(fail_at: int = 3, exc: str = "boom", in_reset: bool = False) -> gym.Env:
+    return RaisingEnv(fail_at, exc, in_reset)
+
+
+class SuicideEnv(gym.Env):
+    """Ends its own process in ``step`` after ``at`` steps: ``os._exit(code)`` or SIGKILL."""
+
+    def __init__(self, at: int = 2, how: str = "kill", code: int = 3) -> None:
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.at = at
+        self.how = how
+        self.code = code
+        self._t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, dtype=np.float32), {}
+
+    def step(self, action):
+        self._t += 1
+        if self._t >= self.at:
+            if self.how == "exit":
+                os._exit(self.code)
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(10)
+        return np.zeros(2, dtype=np.float32), 0.0, False, False, {}
+
+
+def make_suicide_env(at: int = 2, how: str = "kill", code: int = 3) -> gym.Env:
+    return SuicideEnv(at, how, code)
+
+
+class BadObsEnv(gym.Env):
+    """Declares a (3,) Box but returns a (4,) array in ``step`` (or in ``reset``)."""
+
+    def __init__(self, in_reset: bool = False, bad_dtype: bool = False) -> None:
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.in_reset = in_reset
+        self.bad_dtype = bad_dtype
+
+    def _bad(self):
+        if self.bad_dtype:
+            return np.array(["a", "b", "c"])
+        return np.zeros(4, dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return (self._bad() if self.in_reset else np.zeros(3, dtype=np.float32)), {}
+
+    def step(self, action):
+        return self._bad(), 0.0, False, False, {}
+
+
+def make_bad_obs_env(in_reset: bool = False, bad_dtype: bool = False) -> gym.Env:
+    return BadObsEnv(in_reset, bad_dtype)
+
+
+class SleepyEnv(gym.Env):
+    """Sleeps ``seconds`` in ``step`` (stands in for an env that hangs)."""
+
+    def __init__(self, seconds: float = 60.0) -> None:
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.seconds = seconds
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, dtype=np.float32), {}
+
+    def step(self, action):
+        time.sleep(self.seconds)
+        return np.zeros(2, dtype=np.float32), 0.0, False, False, {}
+
+
+def make_sleepy_env(seconds: float = 60.0) -> gym.Env:
+    return SleepyEnv(seconds)
+
+
+class CloseFailEnv(SpacesEnv):
+    """Raises in ``close()``."""
+
+    def close(self):
+        raise EnvBoom(f"close failed in env {self.tag}")
+
+
+def make_close_fail_env(index: int = 0) -> gym.Env:
+    return CloseFailEnv("box", "discrete", tag=index)
+
+
+class BigInfoEnv(SpacesEnv):
+    """Returns an info holding a large array every step (larger than a small mailbox)."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        info = dict(info, blob=np.full(4096, self._t, dtype=np.int64))
+        return obs, reward, terminated, truncated, info
+
+
+def make_big_info_env(index: int = 0) -> gym.Env:
+    return TimeLimit(BigInfoEnv("box", "discrete", tag=index), max_episode_steps=10 + index)
+
+
+class TextEnv(gym.Env):
+    """An observation space shmvec cannot hold: ``Text``."""
+
+    def __init__(self) -> None:
+        self.observation_space = spaces.Text(max_length=8)
+        self.action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "hello", {}
+
+    def step(self, action):
+        return "hello", 0.0, False, False, {}
+
+
+def make_text_env() -> gym.Env:
+    return TextEnv()
+
+
+def make_cartpole() -> gym.Env:
+    return gym.make("CartPole-v1")
+
+
+# ---------------------------------------------------------------------------------------------
+# Misbehaving factories
+# ---------------------------------------------------------------------------------------------
+
+def failing_factory() -> gym.Env:
+    raise EnvBoom("the factory failed")
+
+
+def not_an_env_factory() -> Any:
+    return 42
+
+
+def dying_factory() -> gym.Env:
+    os._exit(5)
