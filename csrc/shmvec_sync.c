@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -59,9 +60,12 @@ int shmvec_wait_while(uint32_t *word, uint32_t old, int64_t spin_ns,
         return SHMVEC_OK;
     }
     int64_t start = shmvec_now_ns();
-    /* Phase 1: spin briefly.  On a machine with fewer cores than busy
-     * processes, spinning steals the core the other side needs, so callers
-     * keep spin_ns in the microseconds. */
+    /* Phase 1: spin for up to spin_ns.  After each short burst of pause
+     * instructions the spinner calls sched_yield(), so that on a machine
+     * with fewer cores than busy processes it hands its core to whoever is
+     * runnable (the process it waits for, typically) instead of stealing it;
+     * on an idle core it costs a cheap syscall and keeps the wake-up latency
+     * at a few hundred nanoseconds instead of a futex wake-up. */
     if (spin_ns > 0) {
         for (;;) {
             for (int i = 0; i < SHMVEC_SPIN_CHECK_EVERY; i++) {
@@ -73,6 +77,7 @@ int shmvec_wait_while(uint32_t *word, uint32_t old, int64_t spin_ns,
                 }
             }
             if (shmvec_now_ns() - start >= spin_ns) break;
+            sched_yield();
         }
     }
     /* Phase 2: sleep in the kernel until the word changes. */

@@ -19,8 +19,9 @@
  * - shmvec_wake() uses shared (not PRIVATE) futexes, so a waiter in another
  *   process that maps the same page at another address is woken.
  * - shmvec_wait_while() returns as soon as the word differs from `old`.  It
- *   first spins for up to `spin_ns` nanoseconds (cheap when the answer comes
- *   within microseconds), then sleeps in FUTEX_WAIT until woken, until
+ *   first spins for up to `spin_ns` nanoseconds, yielding the core between
+ *   short bursts (cheap when the answer comes within microseconds, and polite
+ *   when cores are oversubscribed), then sleeps in FUTEX_WAIT until woken, until
  *   `timeout_ns` has passed (SHMVEC_TIMEOUT), or until a signal arrives
  *   (SHMVEC_INTERRUPTED) so that the caller can run its signal handlers.
  *   A waiter therefore never misses a wake-up: FUTEX_WAIT compares the word

@@ -135,7 +135,15 @@ class _Worker:
         self.mailbox_bytes = mailbox_bytes
         self.mailbox = memoryview(views.mailbox[self.index])
         self.rew, self.terminated, self.truncated = views.rew, views.terminated, views.truncated
-        self.read_action = make_gather(env.action_space, views.act, copy=True)
+        # One private copy of this worker's actions per step, handed out env by env: an env
+        # that keeps its action never sees the next step's.
+        act_slice = make_gather(env.action_space, views.act, copy=True)
+        own = slice(self.start, self.stop)
+        n = self.stop - self.start
+        if isinstance(env.action_space, (gym.spaces.Dict, gym.spaces.Tuple)):
+            self.read_actions = lambda: _unbatch(env.action_space, act_slice(own), n)
+        else:
+            self.read_actions = lambda: list(act_slice(own))
         self.write_obs = make_scatter(env.observation_space, views.obs, "observation")
         self.write_term = make_scatter(env.observation_space, views.term_obs, "observation")
         # The last command seen, read before this worker reports "ready": the parent posts nothing
@@ -143,7 +151,7 @@ class _Worker:
         self.seen = self.words.load(P.word(self.index, P.CMD_SEQ))
 
     def detach(self) -> None:
-        self.read_action = self.write_obs = self.write_term = None  # type: ignore[assignment]
+        self.read_actions = self.write_obs = self.write_term = None  # type: ignore[assignment]
         self.rew = self.terminated = self.truncated = None  # type: ignore[assignment]
         if getattr(self, "mailbox", None) is not None:
             self.mailbox.release()
@@ -215,25 +223,27 @@ class _Worker:
 
     def _step(self) -> list:
         start = self.start
-        read_action, write_obs, write_term = self.read_action, self.write_obs, self.write_term
+        write_obs, write_term = self.write_obs, self.write_term
         rews, terms, truncs, items = [], [], [], []
         i = start
-        for env in self.envs:
+        try:
+            for env, action in zip(self.envs, self.read_actions()):
+                obs, rew, term, trunc, info = env.step(action)
+                rews.append(rew)
+                terms.append(term)
+                truncs.append(trunc)
+                if term or trunc:
+                    write_term(i, obs)
+                    obs, reset_info = env.reset()
+                    if info or reset_info:
+                        items.append((i, info, reset_info))
+                elif info:
+                    items.append((i, info, None))
+                write_obs(i, obs)
+                i += 1
+        except BaseException:
             self.current = i
-            obs, rew, term, trunc, info = env.step(read_action(i))
-            rews.append(rew)
-            terms.append(term)
-            truncs.append(trunc)
-            if term or trunc:
-                write_term(i, obs)
-                obs, reset_info = env.reset()
-                if info or reset_info:
-                    items.append((i, info, reset_info))
-            elif info:
-                items.append((i, info, None))
-            write_obs(i, obs)
-            i += 1
-        self.current = None
+            raise
         self.rew[start:self.stop] = rews
         self.terminated[start:self.stop] = terms
         self.truncated[start:self.stop] = truncs
@@ -302,6 +312,17 @@ class _Worker:
                     self.current = self.start + j
                     first = exc
         return first
+
+
+def _unbatch(space: gym.spaces.Space, batch: Any, n: int) -> list:
+    """Splits a batched Dict/Tuple value into n per-env values."""
+    if isinstance(space, gym.spaces.Dict):
+        parts = {key: _unbatch(sub, batch[key], n) for key, sub in space.spaces.items()}
+        return [{key: parts[key][j] for key in parts} for j in range(n)]
+    if isinstance(space, gym.spaces.Tuple):
+        parts_t = [_unbatch(sub, batch[k], n) for k, sub in enumerate(space.spaces)]
+        return [tuple(p[j] for p in parts_t) for j in range(n)]
+    return list(batch)
 
 
 def _recv(conn: Connection, parent: _ParentWatch) -> Any:

@@ -47,6 +47,8 @@ _CALL_HINT = "The vec env is still usable."
 # Bounds of close(): polite exit, then SIGTERM, then SIGKILL.
 _CLOSE_JOIN_S = 5.0
 _TERMINATE_JOIN_S = 1.0
+# (parent, worker) microseconds of yielding spin before a wait sleeps on the futex.
+DEFAULT_SPIN_US = (20.0, 5.0)
 # How long to wait to reap a worker whose sentinel says it is gone (for its exit code).
 _DIED_JOIN_S = 1.0
 
@@ -184,7 +186,7 @@ class ShmVecEnv(VecEnv):
         copy: bool = True,
         worker_threads: int | None = 1,
         timeout: float | None = None,
-        spin_us: float | None = None,
+        spin_us: float | tuple[float, float] | None = None,
         mailbox_bytes: int = P.MAILBOX_BYTES,
     ) -> None:
         env_fns = list(env_fns)
@@ -211,10 +213,10 @@ class ShmVecEnv(VecEnv):
         self.timeout = timeout
         self.slices = split_envs(n_envs, n_workers)
         if spin_us is None:
-            self._worker_spin = 5e-6
-            self._parent_spin = 20e-6 if n_workers < _cores() else 0.0
-        else:
-            self._worker_spin = self._parent_spin = max(0.0, spin_us) * 1e-6
+            spin_us = DEFAULT_SPIN_US
+        parent_us, worker_us = spin_us if isinstance(spin_us, tuple) else (spin_us, spin_us)
+        self._parent_spin = max(0.0, parent_us) * 1e-6
+        self._worker_spin = max(0.0, worker_us) * 1e-6
 
         payloads = [self._pickle_factories(env_fns, sl) for sl in self.slices]
         res = self._res = _Resources()
@@ -491,6 +493,17 @@ class ShmVecEnv(VecEnv):
 
     def _complete(self, command: str, deadline_s: float | None = None) -> list[list]:
         """Waits for PENDING to reach 0, then collects each worker's infos (or error)."""
+        try:
+            return self._complete_or_raise(command, deadline_s)
+        except BaseException as exc:
+            # Interrupted (KeyboardInterrupt, or any exception a signal handler raised) while the
+            # workers still run the command: the counters no longer match, and a next command
+            # would read stale results.  Failures found here have set _broken already.
+            if self._broken is None:
+                self._broken = exc
+            raise
+
+    def _complete_or_raise(self, command: str, deadline_s: float | None) -> list[list]:
         words = self._words
         limit = self.timeout if deadline_s is None else deadline_s
         waited = 0.0
@@ -614,11 +627,17 @@ class ShmVecEnv(VecEnv):
         res = self._res
         assert res is not None
         targets = list(self._get_indices(indices))
+        # Answers go back by position, not by env index: like DummyVecEnv, an index given twice
+        # runs twice and gets both answers, and negative indices count from the end.
         by_worker: dict[int, list[int]] = {}
-        for i in targets:
-            if not 0 <= i < self.num_envs:
+        positions: dict[int, list[int]] = {}
+        for pos, i in enumerate(targets):
+            if not -self.num_envs <= i < self.num_envs:
                 raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
-            by_worker.setdefault(self._worker_of(i), []).append(i)
+            i %= self.num_envs
+            w = self._worker_of(i)
+            by_worker.setdefault(w, []).append(i)
+            positions.setdefault(w, []).append(pos)
         for w, idx in by_worker.items():
             try:
                 res.conns[w].send((name, (idx, *args)))
@@ -629,17 +648,24 @@ class ShmVecEnv(VecEnv):
             self._words.store(P.word(w, P.CMD), P.Cmd.PIPE)
             self._words.store(P.word(w, P.CMD_SEQ), self._seq[w])
             self._words.wake(P.word(w, P.CMD_SEQ))
-        answers: dict[int, Any] = {}
+        answers: list[Any] = [None] * len(targets)
         error: BaseException | None = None
         for w, idx in by_worker.items():
-            tag, payload = self._recv_raw(w, name)
+            try:
+                tag, payload = self._recv_raw(w, name)
+            except BaseException as exc:
+                # Interrupted: an answer left in a pipe would be taken for the next call's.
+                if self._broken is None:
+                    self._broken = exc
+                raise
             if tag == "error":
                 error = error or unpack_exception(payload, _CALL_HINT)
             else:
-                answers.update(zip(idx, payload))
+                for pos, value in zip(positions[w], payload):
+                    answers[pos] = value
         if error is not None:
             raise error
-        return [answers[i] for i in targets]
+        return answers
 
     def _worker_of(self, i: int) -> int:
         base, extra = divmod(self.num_envs, self.n_workers)
