@@ -16,6 +16,7 @@ from __future__ import annotations
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import os
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -40,11 +41,29 @@ class Snapshot:
     children: dict[int, str] = field(default_factory=dict)
 
 
+_LIBRARY_NAME = re.compile(rf"{SHM_PREFIX}_(\d+)_")
+
+
 def shm_segments() -> set[str]:
+    """Names of the ``shmvec*`` segments in /dev/shm that this process or its children may own.
+
+    ShmVecEnv names its segments ``shmvec_<creator pid>_<random>``: segments of other
+    processes on the machine (a benchmark running beside the tests) are not ours to report.
+    """
     try:
-        return {name for name in os.listdir(SHM_DIR) if name.startswith(SHM_PREFIX)}
+        names = {name for name in os.listdir(SHM_DIR) if name.startswith(SHM_PREFIX)}
     except FileNotFoundError:  # pragma: no cover - no /dev/shm
         return set()
+    foreign = set()
+    ours = None
+    for name in names:
+        match = _LIBRARY_NAME.match(name)
+        if match:
+            if ours is None:
+                ours = {os.getpid()} | {p.pid for p in psutil.Process().children(recursive=True)}
+            if int(match.group(1)) not in ours:
+                foreign.add(name)
+    return names - foreign
 
 
 def helper_fds() -> set[int]:

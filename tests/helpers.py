@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import numpy as np
@@ -58,10 +57,3 @@ def close_all(*envs: Any) -> None:
     if first is not None:
         raise first
 
-
-@contextlib.contextmanager
-def closing(*envs: Any):
-    try:
-        yield envs if len(envs) != 1 else envs[0]
-    finally:
-        close_all(*envs)

@@ -7,6 +7,8 @@ import gc
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -334,7 +336,7 @@ def test_close_with_a_step_in_flight():
         env.step_wait()
 
 
-def test_context_free_garbage_collection_releases_everything():
+def test_garbage_collection_of_an_unclosed_env_releases_everything():
     env = ShmVecEnv(testenvs.bare_env_fns(3), n_workers=2, start_method="fork")
     env.reset()
     env.step(_discrete_actions(3))
@@ -602,7 +604,7 @@ def test_env_ending_its_own_process(method, how, what):
 
 def test_hanging_env_raises_worker_timeout_error_and_close_terminates_it():
     fns = [functools.partial(testenvs.make_sleepy_env, 60.0)] * 2
-    env = ShmVecEnv(fns, n_workers=2, start_method="fork", timeout=0.5)
+    env = ShmVecEnv(fns, n_workers=2, start_method="fork", timeout=1.0)
     try:
         env.reset()
         start = time.monotonic()
@@ -765,3 +767,186 @@ def test_gym_make_factory(build):
     obs = env.reset()
     assert obs.shape == (3, 4)
     assert env.env_is_wrapped(TimeLimit) == [True] * 3
+
+
+def test_dict_and_tuple_action_spaces_reach_each_env(build):
+    env = build([functools.partial(testenvs.make_echo_env, "dict")] * 3, n_workers=2)
+    env.reset()
+    actions = {"move": np.array([0, 1, 2]), "force": np.arange(6, dtype=np.float32).reshape(3, 2)}
+    _, _, _, infos = env.step(actions)
+    for k, info in enumerate(infos):
+        received = info["action"]
+        assert received["move"] == k
+        assert np.array_equal(received["force"], [2 * k, 2 * k + 1])
+        assert received["force"].dtype == np.float32
+    with pytest.raises(ValueError, match=r"\['force'\]"):
+        env.step({"move": np.array([0, 1, 2]), "force": np.zeros((3, 3), dtype=np.float32)})
+
+    tup = build([functools.partial(testenvs.make_echo_env, "tuple")] * 2, n_workers=1)
+    tup.reset()
+    _, _, _, infos = tup.step((np.array([[1, 0], [0, 1]], dtype=np.int8), np.array([3, 2])))
+    assert np.array_equal(infos[0]["action"][0], [1, 0]) and infos[0]["action"][1] == 3
+    assert np.array_equal(infos[1]["action"][0], [0, 1]) and infos[1]["action"][1] == 2
+
+
+def test_float64_observations_in_a_float32_space_are_cast(build):
+    """The shared buffers hold the space's dtype: observations, terminal ones included, arrive cast.
+
+    (DummyVecEnv casts the observations too, but hands out the env's raw terminal observation.)
+    """
+    fns = [functools.partial(testenvs.make_echo_env, "tuple")] * 2
+    env = build(fns, n_workers=2)
+    ref = DummyVecEnv(fns)
+    try:
+        assert_same(env.reset(), ref.reset(), strict_dtype=True)
+        actions = (np.zeros((2, 2), dtype=np.int8), np.zeros(2, dtype=np.int64))
+        for _ in range(3):
+            out, expected = env.step(actions), ref.step(actions)
+        assert out[2].all() and expected[2].all()  # the third step ends every episode
+        assert_same(out[0], expected[0], strict_dtype=True)
+        for info, ref_info in zip(out[3], expected[3]):
+            terminal = info["terminal_observation"]
+            assert terminal.dtype == np.float32
+            assert ref_info["terminal_observation"].dtype == np.float64
+            assert np.array_equal(terminal, ref_info["terminal_observation"].astype(np.float32))
+    finally:
+        ref.close()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+@pytest.fixture
+def alarm():
+    """``alarm(seconds)``: a SIGALRM whose handler raises _Interrupted (as Ctrl-C raises KeyboardInterrupt)."""
+    old = signal.getsignal(signal.SIGALRM)
+
+    def handler(signum, frame):
+        raise _Interrupted()
+
+    signal.signal(signal.SIGALRM, handler)
+    try:
+        yield lambda seconds: signal.setitimer(signal.ITIMER_REAL, seconds)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.timeout(60, method="thread")  # pytest-timeout's own method uses SIGALRM
+@pytest.mark.parametrize("interrupted", ["step", "reset", "env_method"])
+def test_interrupted_call_leaves_the_vec_env_broken_not_stale(alarm, interrupted):
+    """A signal handler raising while the workers still run a command (Ctrl-C) must not let the
+    next command read the interrupted one's results."""
+    fns = [functools.partial(testenvs.make_sleepy_env, 0.6)] * 2
+    if interrupted == "reset":
+        fns = [functools.partial(testenvs.make_sleepy_env, 0.6, 0.6)] * 2
+    elif interrupted == "env_method":
+        fns = testenvs.bare_env_fns(2)
+    env = ShmVecEnv(fns, n_workers=2, start_method="fork")
+    try:
+        env.reset()
+        alarm(0.1)
+        with pytest.raises(_Interrupted):
+            if interrupted == "step":
+                env.step(_discrete_actions(2))
+            elif interrupted == "reset":
+                env.reset()
+            else:
+                env.env_method("nap", 0.6)
+        with pytest.raises(BrokenVecEnvError, match="_Interrupted"):
+            if interrupted == "env_method":
+                env.get_attr("tag")
+            else:
+                env.step(_discrete_actions(2))
+        start = time.monotonic()
+    finally:
+        env.close()
+    assert time.monotonic() - start < 10.0
+
+
+def test_unpicklable_env_method_result_raises_and_env_stays_usable(build):
+    env = build(testenvs.bare_env_fns(3), n_workers=2)
+    env.reset()
+    with pytest.raises(TypeError, match="pickle"):
+        env.env_method("make_lock", indices=[2])
+    assert env.get_attr("tag") == [0, 1, 2]
+    env.step(_discrete_actions(3))
+
+
+def test_unpicklable_info_raises_naming_the_env():
+    fns = [functools.partial(testenvs.make_lock_info_env, i, 2 if i == 1 else 10**6) for i in range(3)]
+    env = ShmVecEnv(fns, n_workers=2, start_method="fork")
+    try:
+        env.reset()
+        env.step(_discrete_actions(3))
+        with pytest.raises(TypeError, match="pickle") as info:
+            env.step(_discrete_actions(3))
+        assert any("env 1" in note and "step" in note for note in info.value.__notes__)
+        with pytest.raises(BrokenVecEnvError):
+            env.step(_discrete_actions(3))
+    finally:
+        env.close()
+
+
+_ORPHAN_SCRIPT = """
+import sys, time
+sys.path.insert(0, {tests!r})
+import testenvs
+from shmvec import ShmVecEnv
+
+if __name__ == "__main__":
+    env = ShmVecEnv(testenvs.bare_env_fns(3), n_workers=2, start_method={method!r})
+    env.reset()
+    print(" ".join(str(p.pid) for p in env._res.processes), flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_workers_exit_when_the_parent_dies(tmp_path, method):
+    script = tmp_path / "parent.py"
+    script.write_text(_ORPHAN_SCRIPT.format(tests=os.path.dirname(__file__), method=method))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = parent.stdout.readline()
+        pids = [int(p) for p in line.split()]
+        assert len(pids) == 2, line
+        workers = [psutil.Process(pid) for pid in pids]
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10.0
+
+        def gone(proc):
+            try:
+                return proc.status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+
+        while not all(gone(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(gone(w) for w in workers), "workers outlived their parent"
+        # the segment was unlinked as soon as the workers attached
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shmvec_{parent.pid}_")]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        parent.stdout.close()
+
+
+def test_repeated_and_negative_indices_behave_like_dummy_vec_env(build):
+    fns = testenvs.bare_env_fns(5)
+    env = build(fns, n_workers=2)
+    ref = DummyVecEnv(fns)
+    try:
+        for venv in (env, ref):
+            venv.reset()
+        indices = [0, 4, 0, 1, -1, -5]
+        assert env.env_method("bump", indices=indices) == ref.env_method("bump", indices=indices) == [1, 1, 2, 1, 2, 3]
+        assert env.get_attr("tag", -2) == ref.get_attr("tag", -2) == [3]
+        assert env.get_attr("counter") == ref.get_attr("counter") == [3, 1, 0, 0, 2]
+        with pytest.raises(IndexError):
+            env.get_attr("tag", -6)
+    finally:
+        ref.close()

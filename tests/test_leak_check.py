@@ -86,3 +86,22 @@ def test_detects_forkserver_grandchild_but_not_the_forkserver():
         proc.join()
         proc.close()
     assert find_leaks(before) == []
+
+
+@pytest.mark.allow_leaks
+def test_ignores_library_segments_of_other_processes():
+    """Segments named shmvec_<pid>_... by an unrelated process (a benchmark running beside) are not ours."""
+    before = take_snapshot()
+    mine = SharedMemory(name=f"shmvec_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=64)
+    # pid 1 is neither this process nor one of its descendants
+    other = SharedMemory(name=f"shmvec_1_{secrets.token_hex(4)}", create=True, size=64)
+    try:
+        problems = find_leaks(before, grace_s=0.0)
+        segments = [p for p in problems if p.startswith("shared-memory segment")]
+        assert any(mine.name in p for p in segments), problems
+        assert not any(other.name in p for p in segments), problems
+    finally:
+        for shm in (mine, other):
+            shm.close()
+            shm.unlink()
+    assert find_leaks(before, grace_s=0.0) == []

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -171,6 +172,13 @@ class SpacesEnv(gym.Env):
     def fail(self, message: str = "env_method failure"):
         raise KeyError(message)
 
+    def make_lock(self):
+        return threading.Lock()  # cannot be pickled back to the parent
+
+    def nap(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self.tag
+
 
 def make_spaces_env(obs_kind: str = "box", act_kind: str = "discrete", index: int = 0,
                     max_steps: int | None = None, **kwargs: Any) -> gym.Env:
@@ -301,15 +309,17 @@ def make_bad_obs_env(in_reset: bool = False, bad_dtype: bool = False) -> gym.Env
 
 
 class SleepyEnv(gym.Env):
-    """Sleeps ``seconds`` in ``step`` (stands in for an env that hangs)."""
+    """Sleeps ``seconds`` in ``step`` and ``reset_seconds`` in ``reset`` (stands in for an env that hangs)."""
 
-    def __init__(self, seconds: float = 60.0) -> None:
+    def __init__(self, seconds: float = 60.0, reset_seconds: float = 0.0) -> None:
         self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
         self.action_space = spaces.Discrete(2)
         self.seconds = seconds
+        self.reset_seconds = reset_seconds
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
+        time.sleep(self.reset_seconds)
         return np.zeros(2, dtype=np.float32), {}
 
     def step(self, action):
@@ -317,8 +327,8 @@ class SleepyEnv(gym.Env):
         return np.zeros(2, dtype=np.float32), 0.0, False, False, {}
 
 
-def make_sleepy_env(seconds: float = 60.0) -> gym.Env:
-    return SleepyEnv(seconds)
+def make_sleepy_env(seconds: float = 60.0, reset_seconds: float = 0.0) -> gym.Env:
+    return SleepyEnv(seconds, reset_seconds)
 
 
 class CloseFailEnv(SpacesEnv):
@@ -382,3 +392,54 @@ def not_an_env_factory() -> Any:
 
 def dying_factory() -> gym.Env:
     os._exit(5)
+
+
+class EchoActionEnv(gym.Env):
+    """Returns the action it received in its info; Dict or Tuple action space.
+
+    Its observations are float64 values in a float32 Box (a common env bug that
+    vec envs tolerate by casting), and it terminates every ``period`` steps.
+    """
+
+    def __init__(self, kind: str = "dict", period: int = 3) -> None:
+        self.observation_space = spaces.Box(-10.0, 10.0, shape=(2,), dtype=np.float32)
+        if kind == "dict":
+            self.action_space = spaces.Dict({"move": spaces.Discrete(3), "force": spaces.Box(-1.0, 1.0, shape=(2,))})
+        else:
+            self.action_space = spaces.Tuple((spaces.MultiBinary(2), spaces.Discrete(4)))
+        self.period = period
+        self._t = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self._t / 3.0, 0.1], dtype=np.float64)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self._t += 1
+        return self._obs(), 0.0, self._t % self.period == 0, False, {"action": action}
+
+
+def make_echo_env(kind: str = "dict") -> gym.Env:
+    return EchoActionEnv(kind)
+
+
+class LockInfoEnv(SpacesEnv):
+    """Puts an unpicklable object into its info at step ``at``."""
+
+    def __init__(self, index: int = 0, at: int = 2) -> None:
+        super().__init__("box", "discrete", term_prob=0.0, tag=index)
+        self.at = at
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self._t == self.at:
+            info = dict(info, lock=threading.Lock())
+        return obs, reward, terminated, truncated, info
+
+
+def make_lock_info_env(index: int = 0, at: int = 2) -> gym.Env:
+    return LockInfoEnv(index, at)
