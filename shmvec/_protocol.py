@@ -111,5 +111,7 @@ def word(worker: int, offset: int) -> int:
 POLL_S = 0.05
 # How often an idle worker checks that its parent is alive (seconds).
 PARENT_POLL_S = 0.2
+# Shortest spin before a futex sleep (seconds): catches answers already on their way.
+MIN_SPIN_S = 2e-6
 # Default size of each worker's mailbox (bytes); larger results use the pipe.
 MAILBOX_BYTES = 1 << 20

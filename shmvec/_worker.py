@@ -12,6 +12,7 @@ import pickle
 import select
 import signal
 import sys
+import time
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
@@ -169,12 +170,24 @@ class _Worker:
         assert words is not None
         seq_word = P.word(self.index, P.CMD_SEQ)
         seen = self.seen  # not a fresh load: a command posted since "ready" would be missed
+        # Adaptive spinning: spin (yielding the core between bursts) only while the parent
+        # usually answers within the spin budget, as in a tight stepping loop.  When it
+        # usually takes longer (a policy forward pass between steps), sleep on the futex at
+        # once: the wake-up latency is then small beside the gap, and a spinning worker would
+        # only slow the parent's own work down.
+        budget = self.spin
+        idle_ema = 0.0
+        clock = time.perf_counter
         while True:
-            value = words.wait_while(seq_word, seen, P.PARENT_POLL_S, self.spin)
+            idle_from = clock()
+            spin = budget if idle_ema < budget else P.MIN_SPIN_S
+            value = words.wait_while(seq_word, seen, P.PARENT_POLL_S, spin)
             if value is None:
+                idle_ema = P.PARENT_POLL_S
                 if not self.parent.alive():
                     return
                 continue
+            idle_ema += 0.25 * ((clock() - idle_from) - idle_ema)
             seen = value
             cmd = words.load(P.word(self.index, P.CMD))
             if cmd == P.Cmd.STEP:

@@ -102,21 +102,48 @@ def bare_loop_sps(env: str, seconds: float) -> float:
             return n / dt
 
 
-def measure(venv: Any, seconds: float, warmup: int = 20) -> float:
+class Stepper:
+    """Steps one vec env with random actions drawn beforehand, in timed chunks."""
+
+    def __init__(self, venv: Any, warmup: int = 20) -> None:
+        self.venv = venv
+        venv.action_space.seed(0)
+        self.actions = [np.array([venv.action_space.sample() for _ in range(venv.num_envs)]) for _ in range(64)]
+        self.k = 0
+        venv.reset()
+        self.steps(warmup)
+
+    def steps(self, n: int) -> None:
+        step, actions = self.venv.step, self.actions
+        for _ in range(n):
+            step(actions[self.k % 64])
+            self.k += 1
+
+    def chunk(self, seconds: float) -> float:
+        """Env steps/s over about ``seconds``."""
+        steps, t0 = 0, time.perf_counter()
+        while True:
+            self.steps(8)
+            steps += 8
+            dt = time.perf_counter() - t0
+            if dt >= seconds:
+                return steps * self.venv.num_envs / dt
+
+
+def measure(venv: Any, seconds: float) -> float:
     """Env steps/s of ``venv.step`` with random actions drawn beforehand."""
-    venv.action_space.seed(0)
-    actions = [np.array([venv.action_space.sample() for _ in range(venv.num_envs)]) for _ in range(64)]
-    venv.reset()
-    for k in range(warmup):
-        venv.step(actions[k % 64])
-    steps, t0 = 0, time.perf_counter()
-    while True:
-        for k in range(16):
-            venv.step(actions[(steps + k) % 64])
-        steps += 16
-        dt = time.perf_counter() - t0
-        if dt >= seconds:
-            return steps * venv.num_envs / dt
+    return Stepper(venv).chunk(seconds)
+
+
+def measure_side_by_side(venvs: dict[str, Any], seconds: float, rounds: int = 10) -> dict[str, list[float]]:
+    """Steps/s of each vec env, measured in alternating short chunks so that a slow spell of a
+    shared machine hits every backend alike; returns each backend's per-round figures."""
+    steppers = {name: Stepper(v) for name, v in venvs.items()}
+    out: dict[str, list[float]] = {name: [] for name in venvs}
+    for _ in range(rounds):
+        for name, st in steppers.items():
+            out[name].append(st.chunk(seconds / rounds))
+    return out
 
 
 def cores() -> int:
@@ -142,24 +169,33 @@ def machine() -> dict[str, Any]:
 
 def run(envs: list[str], n_envs_list: list[int], backends: list[str], seconds: float, start_method: str,
         progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Measures every backend at every n_envs, side by side; ratios are medians of per-round ratios."""
     results: dict[str, Any] = {"machine": machine(), "seconds_per_point": seconds, "start_method": start_method,
                                "points": [], "bare": {}}
     for env in envs:
         progress(f"{env}: one env in a bare loop")
         results["bare"][env] = bare_loop_sps(env, seconds)
         for n_envs in n_envs_list:
-            for backend in backends:
-                progress(f"{env}: {backend} n_envs={n_envs}")
-                t0 = time.perf_counter()
-                venv = make_backend(backend, env, n_envs, start_method=start_method)
-                startup = time.perf_counter() - t0
-                try:
-                    sps = measure(venv, seconds)
-                finally:
-                    venv.close()
-                results["points"].append(
-                    {"env": env, "backend": backend, "n_envs": n_envs, "steps_per_s": sps, "startup_s": startup}
-                )
+            venvs: dict[str, Any] = {}
+            startup: dict[str, float] = {}
+            try:
+                for backend in backends:
+                    progress(f"{env}: starting {backend} n_envs={n_envs}")
+                    t0 = time.perf_counter()
+                    venvs[backend] = make_backend(backend, env, n_envs, start_method=start_method)
+                    startup[backend] = time.perf_counter() - t0
+                progress(f"{env}: measuring n_envs={n_envs} side by side")
+                per_round = measure_side_by_side(venvs, seconds * len(venvs))
+            finally:
+                for v in venvs.values():
+                    v.close()
+            ref = per_round.get("DummyVecEnv")
+            for backend, figures in per_round.items():
+                ratio = float(np.median([f / r for f, r in zip(figures, ref)])) if ref else None
+                results["points"].append({
+                    "env": env, "backend": backend, "n_envs": n_envs, "steps_per_s": float(np.median(figures)),
+                    "ratio_to_dummy": ratio, "startup_s": startup[backend],
+                })
     return results
 
 
@@ -173,9 +209,8 @@ def format_table(results: dict[str, Any]) -> str:
         points = [p for p in results["points"] if p["env"] == env]
         for n_envs in sorted({p["n_envs"] for p in points}):
             row = [p for p in points if p["n_envs"] == n_envs]
-            dummy = next((p["steps_per_s"] for p in row if p["backend"] == "DummyVecEnv"), None)
             for p in row:
-                ratio = f"{p['steps_per_s'] / dummy:.2f}" if dummy else "-"
+                ratio = f"{p['ratio_to_dummy']:.2f}" if p["ratio_to_dummy"] is not None else "-"
                 lines.append(
                     f"{p['backend']:<15}{n_envs:>7}{p['steps_per_s']:>12,.0f}{ratio:>9}"
                     f"{100 * p['steps_per_s'] / limit:>8.0f}%{p['startup_s']:>9.2f}"
@@ -188,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--envs", nargs="+", default=["CartPole-v1"], choices=list(ENVS))
     parser.add_argument("--n-envs", nargs="+", type=int, default=[8, 64])
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS))
-    parser.add_argument("--seconds", type=float, default=3.0, help="seconds measured per point (default 3)")
+    parser.add_argument("--seconds", type=float, default=3.0,
+                        help="seconds measured per backend and point, in alternating rounds (default 3)")
     parser.add_argument("--start-method", default="fork", choices=["fork", "forkserver", "spawn"],
                         help="start method of the multiprocess backends (default fork: fastest start-up; "
                              "it does not change stepping speed)")

@@ -48,7 +48,11 @@ _CALL_HINT = "The vec env is still usable."
 _CLOSE_JOIN_S = 5.0
 _TERMINATE_JOIN_S = 1.0
 # (parent, worker) microseconds of yielding spin before a wait sleeps on the futex.
-DEFAULT_SPIN_US = (20.0, 5.0)
+# The parent spins only when a core is free for it (fewer workers than cores): with every
+# core busy stepping envs, a spinning parent takes half of one from a worker.  Workers spin
+# adaptively up to their budget (see _worker._Worker.serve).
+DEFAULT_WORKER_SPIN_US = 1000.0
+DEFAULT_PARENT_SPIN_US = 50.0
 # How long to wait to reap a worker whose sentinel says it is gone (for its exit code).
 _DIED_JOIN_S = 1.0
 
@@ -162,8 +166,11 @@ class ShmVecEnv(VecEnv):
     :param worker_threads: cap on BLAS/OpenMP/torch threads in each worker (None: leave as is).
     :param timeout: seconds to wait for the workers on any command before raising
         ``WorkerTimeoutError`` (None: wait as long as they are alive).
-    :param spin_us: microseconds a waiting side spins before it sleeps on the futex.  Default: the
-        workers spin a few microseconds, the parent spins only when a core is free for it.
+    :param spin_us: microseconds a waiting side spins (yielding its core between bursts) before
+        it sleeps on the futex, as ``(parent, worker)`` or one number for both.  Default: the
+        parent spins 50 us only when there are fewer workers than cores; workers spin up to
+        1000 us, but only while the parent usually answers within that (a tight stepping loop),
+        and sleep at once when it does not (a policy update between steps).
     :param mailbox_bytes: per-worker shared buffer for infos and reset arguments; larger results
         travel through the worker's pipe instead.
 
@@ -213,7 +220,7 @@ class ShmVecEnv(VecEnv):
         self.timeout = timeout
         self.slices = split_envs(n_envs, n_workers)
         if spin_us is None:
-            spin_us = DEFAULT_SPIN_US
+            spin_us = (DEFAULT_PARENT_SPIN_US if n_workers < _cores() else 0.0, DEFAULT_WORKER_SPIN_US)
         parent_us, worker_us = spin_us if isinstance(spin_us, tuple) else (spin_us, spin_us)
         self._parent_spin = max(0.0, parent_us) * 1e-6
         self._worker_spin = max(0.0, worker_us) * 1e-6
