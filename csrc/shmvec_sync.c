@@ -52,8 +52,14 @@ int shmvec_wake(uint32_t *word, int n) {
     return rc < 0 ? -errno : (int)rc;
 }
 
+int shmvec_wake_sleepers(uint32_t *word, uint32_t *sleepers, int n) {
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(as_atomic(sleepers), memory_order_relaxed) == 0) return 0;
+    return shmvec_wake(word, n);
+}
+
 int shmvec_wait_while(uint32_t *word, uint32_t old, int64_t spin_ns,
-                      int64_t timeout_ns, uint32_t *observed) {
+                      int64_t timeout_ns, uint32_t *observed, uint32_t *sleepers) {
     uint32_t v = shmvec_load_acquire(word);
     if (v != old) {
         *observed = v;
@@ -90,8 +96,10 @@ int shmvec_wait_while(uint32_t *word, uint32_t old, int64_t spin_ns,
             ts.tv_nsec = (long)(left % 1000000000LL);
             tsp = &ts;
         }
+        if (sleepers) atomic_fetch_add_explicit(as_atomic(sleepers), 1, memory_order_seq_cst);
         long rc = syscall(SYS_futex, word, FUTEX_WAIT, old, tsp, NULL, 0);
         int err = rc < 0 ? errno : 0;
+        if (sleepers) atomic_fetch_sub_explicit(as_atomic(sleepers), 1, memory_order_seq_cst);
         v = shmvec_load_acquire(word);
         if (v != old) {
             *observed = v;

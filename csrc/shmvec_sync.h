@@ -51,9 +51,19 @@ uint32_t shmvec_fetch_add(uint32_t *word, uint32_t delta);
 int shmvec_wake(uint32_t *word, int n);
 
 /* Waits while *word == old.  On SHMVEC_OK stores the new value in *observed.
- * timeout_ns < 0 means no timeout.  Returns a status code or -errno. */
+ * timeout_ns < 0 means no timeout.  Returns a status code or -errno.
+ * `sleepers` (may be NULL) counts the processes asleep on `word`: it is
+ * incremented (seq_cst) before each FUTEX_WAIT and decremented after, so that
+ * a waker can skip the syscall when nobody sleeps (shmvec_wake_sleepers). */
 int shmvec_wait_while(uint32_t *word, uint32_t old, int64_t spin_ns,
-                      int64_t timeout_ns, uint32_t *observed);
+                      int64_t timeout_ns, uint32_t *observed, uint32_t *sleepers);
+
+/* Call after storing a new value into `word`: a seq_cst fence, then a futex
+ * wake only if *sleepers > 0.  Never misses a sleeper: either the waker's load
+ * sees the sleeper's increment, or the sleeper's FUTEX_WAIT (which follows its
+ * increment) sees the new value of `word` and does not sleep.  Returns how
+ * many were woken, or -errno. */
+int shmvec_wake_sleepers(uint32_t *word, uint32_t *sleepers, int n);
 
 /* Monotonic clock in nanoseconds. */
 int64_t shmvec_now_ns(void);

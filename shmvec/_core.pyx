@@ -19,6 +19,7 @@ from shmvec._sync_def cimport (
     shmvec_store_release,
     shmvec_wait_while,
     shmvec_wake,
+    shmvec_wake_sleepers,
 )
 
 OK = SHMVEC_OK
@@ -88,22 +89,38 @@ cdef class Words:
             raise OSError(-rc, "futex wake failed")
         return rc
 
-    def wait_while(self, Py_ssize_t i, uint32_t old, double timeout, double spin=0.0):
+    def wake_sleepers(self, Py_ssize_t i, Py_ssize_t sleepers, int n=_WAKE_ALL):
+        """Wakes up to ``n`` waiters on word ``i`` if word ``sleepers`` counts any.
+
+        Call after storing the new value of word ``i``; waiters must pass the same
+        ``sleepers`` to :meth:`wait_while`.  Skips the syscall when nobody sleeps.
+        """
+        cdef uint32_t *w = self._word(i)
+        cdef uint32_t *s = self._word(sleepers)
+        cdef int rc = shmvec_wake_sleepers(w, s, n)
+        if rc < 0:
+            raise OSError(-rc, "futex wake failed")
+        return rc
+
+    def wait_while(self, Py_ssize_t i, uint32_t old, double timeout, double spin=0.0, Py_ssize_t sleepers=-1):
         """Waits while word ``i`` equals ``old``.
 
         Returns the new value, or ``None`` when ``timeout`` seconds passed
         (``timeout < 0``: no limit) or a signal arrived.  The GIL is released
         while waiting.  Pending signal handlers run before returning, so
         ``KeyboardInterrupt`` propagates from here.  Callers loop: on ``None``
-        they check that the other side is alive, then wait again.
+        they check that the other side is alive, then wait again.  ``sleepers``
+        (a word index, or -1) is counted up while this call sleeps in the
+        kernel, for :meth:`wake_sleepers`.
         """
         cdef uint32_t *w = self._word(i)
+        cdef uint32_t *s = self._word(sleepers) if sleepers >= 0 else NULL
         cdef uint32_t observed = 0
         cdef int64_t spin_ns = <int64_t>(spin * 1e9) if spin > 0 else 0
         cdef int64_t timeout_ns = <int64_t>(timeout * 1e9) if timeout >= 0 else -1
         cdef int rc
         with nogil:
-            rc = shmvec_wait_while(w, old, spin_ns, timeout_ns, &observed)
+            rc = shmvec_wait_while(w, old, spin_ns, timeout_ns, &observed, s)
         if rc == SHMVEC_OK:
             return observed
         if rc == SHMVEC_TIMEOUT:

@@ -4,8 +4,9 @@ Shared-memory layout (one ``multiprocessing.shared_memory`` block per vec env,
 computed identically on both sides by :class:`shmvec._layout.Layout`)::
 
     control words   uint32, one 64-byte cache line per row:
-                      row 0      PENDING (global)
+                      row 0      PENDING PARENT_SLEEPERS (global)
                       row 1 + w  worker w: CMD_SEQ CMD ARG_LEN STATUS RESULT_LEN DONE_SEQ
+                                 CMD_SLEEPERS
     actions         one buffer per leaf of the action space, (n_envs, *shape)
     observations    one buffer per leaf of the observation space, (n_envs, *shape)
     terminal obs    same shapes: the observation an episode ended on
@@ -24,7 +25,8 @@ Between commands every worker is idle and the parent owns every buffer.
   parent  1. writes the actions (STEP) and, per worker, an optional pickled
              argument into mailbox w and its length into ARG_LEN[w]
           2. PENDING <- n_workers            (no worker reads it yet)
-          3. per worker: CMD[w] <- code; CMD_SEQ[w] <- seq (release); wake(CMD_SEQ[w])
+          3. per worker: CMD[w] <- code; CMD_SEQ[w] <- seq (release);
+             wake_sleepers(CMD_SEQ[w], CMD_SLEEPERS[w])
   worker  4. waits while CMD_SEQ[w] == last seen (acquire): steps 1-3 are visible
           5. steps its envs, writes observations, rewards, flags, terminal
              observations of its own slice; pickles the non-empty infos into
@@ -32,7 +34,8 @@ Between commands every worker is idle and the parent owns every buffer.
              on ERROR (or infos too large for the mailbox) the details go
              through worker w's pipe *before* step 6
           6. DONE_SEQ[w] <- seq (release); old <- fetch_add(PENDING, -1)
-             (seq_cst: releases step 5); if old == 1: wake(PENDING)
+             (seq_cst: releases step 5); if old == 1:
+             wake_sleepers(PENDING, PARENT_SLEEPERS)
   parent  7. waits while PENDING != 0 (acquire: every worker's step 5 is visible)
           8. reads the buffers; for each worker whose STATUS is ERROR it
              receives the exception from that worker's pipe.
@@ -44,7 +47,12 @@ of PENDING that the parent acquires when it reads 0.  The parent never
 writes a shared buffer between steps 3 and 7, and a worker writes only its
 own slice and mailbox, only between steps 4 and 6.  FUTEX_WAIT re-checks the
 word in the kernel, so a wake between a waiter's last check and its sleep is
-never lost.
+never lost.  A waiter counts itself in the *_SLEEPERS word before each
+FUTEX_WAIT; a waker fences (seq_cst) after its store and skips the wake
+syscall when the count is 0 -- either it sees the sleeper, or the sleeper's
+FUTEX_WAIT sees the new value (csrc/shmvec_sync.h).  Waiters spin first
+(yielding their core between bursts): the parent only when a core is free for
+it, a worker only while the parent has lately answered within its budget.
 
 Rare commands (get_attr, set_attr, env_method, render, is_wrapped)
 -------------------------------------------------------------------
@@ -73,8 +81,9 @@ from __future__ import annotations
 
 import enum
 
-# Row 0 of the control words holds the global counter.
+# Row 0 of the control words holds the global counter and how many parents sleep on it.
 PENDING = 0
+PARENT_SLEEPERS = 1
 # Each row is one cache line of 16 uint32 words.
 ROW_WORDS = 16
 # Offsets of a worker's words within its row (row 1 + w).
@@ -84,6 +93,7 @@ ARG_LEN = 2
 STATUS = 3
 RESULT_LEN = 4
 DONE_SEQ = 5
+CMD_SLEEPERS = 6
 
 # RESULT_LEN when the result did not fit in the mailbox and went through the pipe.
 RESULT_IN_PIPE = 0xFFFFFFFF

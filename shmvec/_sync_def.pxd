@@ -11,5 +11,6 @@ cdef extern from "shmvec_sync.h" nogil:
     uint32_t shmvec_fetch_add(uint32_t *word, uint32_t delta)
     int shmvec_wake(uint32_t *word, int n)
     int shmvec_wait_while(uint32_t *word, uint32_t old, int64_t spin_ns,
-                          int64_t timeout_ns, uint32_t *observed)
+                          int64_t timeout_ns, uint32_t *observed, uint32_t *sleepers)
+    int shmvec_wake_sleepers(uint32_t *word, uint32_t *sleepers, int n)
     int64_t shmvec_now_ns()

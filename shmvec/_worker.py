@@ -169,6 +169,7 @@ class _Worker:
         words = self.words
         assert words is not None
         seq_word = P.word(self.index, P.CMD_SEQ)
+        sleepers_word = P.word(self.index, P.CMD_SLEEPERS)
         seen = self.seen  # not a fresh load: a command posted since "ready" would be missed
         # Adaptive spinning: spin (yielding the core between bursts) only while the parent
         # usually answers within the spin budget, as in a tight stepping loop.  When it
@@ -181,7 +182,7 @@ class _Worker:
         while True:
             idle_from = clock()
             spin = budget if idle_ema < budget else P.MIN_SPIN_S
-            value = words.wait_while(seq_word, seen, P.PARENT_POLL_S, spin)
+            value = words.wait_while(seq_word, seen, P.PARENT_POLL_S, spin, sleepers_word)
             if value is None:
                 idle_ema = P.PARENT_POLL_S
                 if not self.parent.alive():
@@ -215,7 +216,7 @@ class _Worker:
         words.store(P.word(self.index, P.RESULT_LEN), result_len)
         words.store(P.word(self.index, P.DONE_SEQ), seq)
         if words.fetch_add(P.PENDING, -1) == 1:
-            words.wake(P.PENDING)
+            words.wake_sleepers(P.PENDING, P.PARENT_SLEEPERS)
 
     def _put_result(self, items: list) -> int:
         if not items:

@@ -42,6 +42,7 @@ from shmvec._errors import (
 from shmvec._layout import Layout, close_mapping, make_gather, split_envs
 from shmvec._worker import worker_main
 
+_ERROR = int(P.Status.ERROR)
 _BROKEN_HINT = "The vec env cannot go on: call close() and build a new one."
 _CALL_HINT = "The vec env is still usable."
 # Bounds of close(): polite exit, then SIGTERM, then SIGKILL.
@@ -308,6 +309,9 @@ class ShmVecEnv(VecEnv):
         self._words = res.words = Words(res.shm.buf, layout.ctrl_offset, layout.ctrl_words)
         self._views = views
         self._seq = [0] * self.n_workers
+        self._cmd_words = [(P.word(w, P.CMD_SEQ), P.word(w, P.CMD), P.word(w, P.CMD_SLEEPERS))
+                           for w in range(self.n_workers)]
+        self._result_words = [(P.word(w, P.STATUS), P.word(w, P.RESULT_LEN)) for w in range(self.n_workers)]
         self._obs_view = make_gather(obs_space, views.obs, copy=False)
         self._obs_copy = make_gather(obs_space, views.obs, copy=True)
         self._term_obs = make_gather(obs_space, views.term_obs, copy=True)
@@ -489,14 +493,14 @@ class ShmVecEnv(VecEnv):
         np.copyto(self._views.act[leaf.path], arr, casting="unsafe")
 
     def _post(self, cmd: P.Cmd) -> None:
-        words = self._words
+        words, seqs = self._words, self._seq
+        code = int(cmd)
         words.store(P.PENDING, self.n_workers)
-        for w in range(self.n_workers):
-            self._seq[w] = (self._seq[w] + 1) & 0xFFFFFFFF
-            seq_word = P.word(w, P.CMD_SEQ)
-            words.store(P.word(w, P.CMD), cmd)
-            words.store(seq_word, self._seq[w])
-            words.wake(seq_word)
+        for w, (seq_word, cmd_word, sleepers_word) in enumerate(self._cmd_words):
+            seqs[w] = seq = (seqs[w] + 1) & 0xFFFFFFFF
+            words.store(cmd_word, code)
+            words.store(seq_word, seq)
+            words.wake_sleepers(seq_word, sleepers_word)
 
     def _complete(self, command: str, deadline_s: float | None = None) -> list[list]:
         """Waits for PENDING to reach 0, then collects each worker's infos (or error)."""
@@ -516,7 +520,7 @@ class ShmVecEnv(VecEnv):
         waited = 0.0
         pending = words.load(P.PENDING)
         while pending != 0:
-            value = words.wait_while(P.PENDING, pending, P.POLL_S, self._parent_spin)
+            value = words.wait_while(P.PENDING, pending, P.POLL_S, self._parent_spin, P.PARENT_SLEEPERS)
             if value is not None:
                 pending = value
                 continue
@@ -533,15 +537,15 @@ class ShmVecEnv(VecEnv):
             pending = words.load(P.PENDING)
         results: list[list] = []
         error: BaseException | None = None
-        for w in range(self.n_workers):
-            status = words.load(P.word(w, P.STATUS))
-            if status == P.Status.ERROR:
+        for w, (status_word, result_word) in enumerate(self._result_words):
+            status = words.load(status_word)
+            if status == _ERROR:
                 tag, packed = self._recv_raw(w, command)
                 exc = unpack_exception(packed, _BROKEN_HINT)
                 error = error or exc
                 results.append([])
                 continue
-            n = words.load(P.word(w, P.RESULT_LEN))
+            n = words.load(result_word)
             if n == 0:
                 results.append([])
             elif n == P.RESULT_IN_PIPE:
