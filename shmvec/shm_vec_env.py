@@ -549,7 +549,7 @@ class ShmVecEnv(VecEnv):
             if n == 0:
                 results.append([])
             elif n == P.RESULT_IN_PIPE:
-                results.append(pickle.loads(self._recv_bytes(w, command)))
+                results.append(pickle.loads(self._recv_raw(w, command, raw_bytes=True)))
             else:
                 results.append(pickle.loads(self._views.mailbox[w, :n]))
         if error is not None:
@@ -598,18 +598,12 @@ class ShmVecEnv(VecEnv):
                 )
                 raise self._broken
 
-    def _recv_raw(self, w: int, command: str) -> Any:
+    def _recv_raw(self, w: int, command: str, raw_bytes: bool = False) -> Any:
+        """The next message from worker w (its bytes with ``raw_bytes``); WorkerDiedError if it died."""
         self._wait_conn(w, command)
+        conn = self._res.conns[w]  # type: ignore[union-attr]
         try:
-            return self._res.conns[w].recv()  # type: ignore[union-attr]
-        except (EOFError, OSError):
-            self._raise_if_died(w, command)
-            raise
-
-    def _recv_bytes(self, w: int, command: str) -> bytes:
-        self._wait_conn(w, command)
-        try:
-            return self._res.conns[w].recv_bytes()  # type: ignore[union-attr]
+            return conn.recv_bytes() if raw_bytes else conn.recv()
         except (EOFError, OSError):
             self._raise_if_died(w, command)
             raise
