@@ -1,0 +1,355 @@
+"""RayShmVecEnv on a real two-node Ray cluster started on this machine.
+
+The cluster (``ray.cluster_utils.Cluster``: a head node and a second node, each with its own
+raylet, so actors pinned to different nodes are different processes under different raylets)
+starts once for the module.  Each test builds its own RayShmVecEnv and closes it.
+
+Leak check: this module replaces conftest's ``no_leaks`` with a Ray-aware one.  It takes the
+same snapshot (shared-memory segments, child processes, descriptors) after the cluster is up,
+and fails on anything new, except Ray's pooled idle workers (``ray::IDLE``), which the raylets
+start and stop on their own.  It also fails while any process of an actor of ours
+(``ray::_ShmVecActor...``) is alive, so an actor left running is caught even when it took
+over a worker that existed before the test.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from gymnasium.wrappers import TimeLimit  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
+from stable_baselines3.common.vec_env import DummyVecEnv  # noqa: E402
+
+import testenvs  # noqa: E402
+from conftest import leaks_since, take_snapshot  # noqa: E402
+from helpers import assert_same, close_all  # noqa: E402
+from shmvec import BrokenVecEnvError, WorkerDiedError, WorkerTimeoutError  # noqa: E402
+from shmvec.ray import RayActorDiedError, RayShmVecEnv  # noqa: E402
+from test_equivalence import _check_coverage, _options, run_lockstep  # noqa: E402
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+ACTOR_TITLE = "ray::_ShmVecActor"
+LEAK_GRACE_S = 15.0
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head node and one more node, 2 logical CPUs each; torn down after the module."""
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    try:
+        c.add_node(num_cpus=2)
+        c.wait_for_nodes()
+        # The actors import the test envs by reference: put tests/ on their path, as a user
+        # ships their own modules with runtime_env.
+        ray.init(address=c.address, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": TESTS_DIR}})
+        _warm_up()
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class _Probe:
+    def where(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+
+def _warm_up() -> None:
+    """An actor on every node, then killed: the driver opens its long-lived connection for
+    actors now, rather than inside the first test (where the leak check would report it)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+    probes = [_Probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+              for n in nodes]
+    assert sorted(ray.get([p.where.remote() for p in probes], timeout=120)) == sorted(nodes)
+    for p in probes:
+        ray.kill(p)
+
+
+def _descendants() -> list[psutil.Process]:
+    return psutil.Process().children(recursive=True)
+
+
+def _actor_processes() -> list[str]:
+    out = []
+    for proc in _descendants():
+        try:
+            cmdline = " ".join(proc.cmdline())
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            continue
+        if cmdline.startswith(ACTOR_TITLE):
+            out.append(f"actor process still alive: pid {proc.pid}: {cmdline[:120]}")
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(cluster):
+    """conftest's leak check with Ray's idle worker pool left out (see the module docstring)."""
+    before = take_snapshot()
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while True:
+        problems = [p for p in leaks_since(before) if "ray::IDLE" not in p] + _actor_processes()
+        if not problems or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    if problems:
+        pytest.fail("test leaked resources:\n  " + "\n  ".join(problems), pytrace=False)
+
+
+def _gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The processes an actor started (its ShmVecEnv workers, forkserver, resource tracker)."""
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _wait_gone(pids: list[int], timeout: float = LEAK_GRACE_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not _gone(pids):
+        assert time.monotonic() < deadline, f"processes {pids} still alive"
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_steps_match_dummy_vec_env_across_two_nodes(cluster):
+    """Dict observations, uneven slices over the two nodes: every step equals DummyVecEnv's."""
+    fns = testenvs.spaces_env_fns("dict", "multidiscrete", 7)
+    ref = DummyVecEnv(fns)
+    env = None
+    try:
+        env = RayShmVecEnv(fns, envs_per_actor=[3, 4], shm_kwargs={"n_workers": 2})
+        assert env.n_actors == 2
+        nodes = {info["node_id"] for info in env.actor_info}
+        assert len(nodes) == 2, env.actor_info  # one actor per node
+        assert [info["env_indices"] for info in env.actor_info] == [range(0, 3), range(3, 7)]
+        assert [info["n_workers"] for info in env.actor_info] == [2, 2]
+        pids = [info["pid"] for info in env.actor_info]
+        workers = [w for pid in pids for w in _workers_of(pid)]
+        assert len(workers) >= 4  # the actors' ShmVecEnv workers are real processes
+        _check_coverage(run_lockstep(ref, env, options=_options(7)))
+    finally:
+        close_all(env, ref)
+    _wait_gone(pids + workers)
+
+
+def test_cartpole_through_make_vec_env_matches_dummy(cluster):
+    """SB3's make_vec_env (Monitor wrapped) with a spread of 3 actors: obs, rewards, dones, infos."""
+    env = ref = None
+    try:
+        ref = make_vec_env("CartPole-v1", n_envs=6, seed=0, vec_env_cls=DummyVecEnv)
+        env = make_vec_env("CartPole-v1", n_envs=6, seed=0, vec_env_cls=RayShmVecEnv,
+                           vec_env_kwargs={"n_actors": 3})
+        assert env.n_actors == 3 and env.render_mode == ref.render_mode
+        assert env.metadata == ref.metadata
+        assert_same(env.reset(), ref.reset(), "reset obs", strict_dtype=True)
+        env.action_space.seed(0)
+        episodes = 0
+        for i in range(150):
+            act = np.array([env.action_space.sample() for _ in range(6)])
+            obs_r, rew_r, done_r, infos_r = ref.step(act)
+            obs_s, rew_s, done_s, infos_s = env.step(act)
+            assert_same(obs_s, obs_r, f"step {i} obs", strict_dtype=True)
+            assert_same(rew_s, rew_r, f"step {i} rewards", strict_dtype=True)
+            assert_same(done_s, done_r, f"step {i} dones", strict_dtype=True)
+            assert_same(infos_s, infos_r, f"step {i} infos", ignore=frozenset({"t"}))  # Monitor's clock
+            episodes += int(done_r.sum())
+        assert episodes > 6
+    finally:
+        close_all(env, ref)
+
+
+def test_attribute_and_method_calls_reach_the_right_env(cluster):
+    """get_attr/set_attr/env_method/env_is_wrapped map global indices to (actor, local index)."""
+    fns = [functools.partial(testenvs.make_spaces_env, "box", "discrete", i, render_mode="rgb_array")
+           for i in range(5)]
+    env = None
+    try:
+        env = RayShmVecEnv(fns, envs_per_actor=[2, 3])
+        assert env.get_attr("tag") == [0, 1, 2, 3, 4]
+        # order kept, across actors, with negative and repeated indices
+        assert env.get_attr("tag", indices=[4, 0, -2, 1, 4]) == [4, 0, 3, 1, 4]
+        assert env.env_method("describe", indices=[3, 1]) == ["box/discrete#3", "box/discrete#1"]
+        env.set_attr("scale", 2.5, indices=[1, 2])
+        assert env.get_attr("scale") == [1.0, 2.5, 2.5, 1.0, 1.0]
+        # args and kwargs; an index given twice runs twice
+        assert env.env_method("bump", 2, times=3, indices=[2, 2, 0]) == [6, 12, 6]
+        assert env.env_is_wrapped(TimeLimit) == [True] * 5
+        assert env.env_is_wrapped(DummyVecEnv, indices=[0, 4]) == [False, False]
+        assert env.has_attr("tag") and not env.has_attr("no_such_attribute")
+        with pytest.raises(IndexError):
+            env.get_attr("tag", indices=[5])
+        # an env's exception comes back as itself, naming where it ran; the env stays usable
+        with pytest.raises(KeyError, match="ouch") as info:
+            env.env_method("fail", "ouch", indices=[3])
+        notes = "\n".join(getattr(info.value, "__notes__", []))
+        assert "actor 1" in notes and "envs 2..4" in notes, notes
+        assert env.render_mode == "rgb_array"
+        env.reset()
+        images = env.get_images()
+        assert [img.shape for img in images] == [(4, 6, 3)] * 5
+        assert [int(img[0, 0, 0]) for img in images] == [0, 10, 20, 30, 40]  # tag * 10 at t=0
+        obs, rewards, dones, infos = env.step(np.zeros(5, dtype=np.int64))
+        assert obs.shape == (5, 5) and rewards.dtype == np.float32
+        with pytest.raises(ValueError, match="shape"):
+            env.step_async(np.zeros(4, dtype=np.int64))
+        with pytest.raises(ValueError, match="dtype"):
+            env.step_async(np.zeros(5, dtype=np.float32))
+        env.step(np.zeros(5, dtype=np.int64))  # a refused action sent nothing
+    finally:
+        close_all(env)
+
+
+def test_actor_killed_mid_step_names_its_envs_and_close_still_works(cluster):
+    """SIGKILL of one actor's process while it steps: RayActorDiedError naming actor, node, envs."""
+    fns = [functools.partial(testenvs.make_sleepy_env, 1.5)] * 4
+    env = None
+    try:
+        env = RayShmVecEnv(fns, n_actors=2)
+        victim = env.actor_info[1]
+        workers = _workers_of(victim["pid"])
+        env.reset()
+        env.step_async(np.zeros(4, dtype=np.int64))
+        time.sleep(0.3)  # both actors are inside their step now
+        os.kill(victim["pid"], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(RayActorDiedError) as info:
+            env.step_wait()
+        assert time.monotonic() - t0 < 30
+        err = info.value
+        assert isinstance(err, WorkerDiedError)
+        assert err.worker == 1 and err.env_indices == range(2, 4)
+        assert err.node_id == victim["node_id"] and err.pid == victim["pid"]
+        message = str(err)
+        assert "actor 1" in message and "envs 2..3" in message and victim["node_id"] in message
+        assert "during step" in message and "close()" in message
+        with pytest.raises(BrokenVecEnvError):
+            env.step(np.zeros(4, dtype=np.int64))
+        pids = [i["pid"] for i in env.actor_info]
+        others = _workers_of(env.actor_info[0]["pid"])
+        env.close()
+        env.close()  # idempotent
+        # the dead actor's ShmVecEnv workers notice their parent is gone and exit
+        _wait_gone(pids + workers + others)
+    finally:
+        close_all(env)
+
+
+def test_lost_node_names_the_actor_and_node(cluster):
+    """A node that goes away takes its actor with it: RayActorDiedError names it; close works."""
+    node = cluster.add_node(num_cpus=1)
+    env = None
+    try:
+        cluster.wait_for_nodes()
+        fns = [functools.partial(testenvs.make_sleepy_env, 0.0)] * 3
+        env = RayShmVecEnv(fns)  # one actor per node, the new one included
+        doomed = [k for k, i in enumerate(env.actor_info) if i["node_id"] == node.node_id]
+        assert doomed, env.actor_info
+        env.reset()
+        env.step(np.zeros(3, dtype=np.int64))
+        cluster.remove_node(node, allow_graceful=False)
+        node = None
+        with pytest.raises(RayActorDiedError) as info:
+            for _ in range(200):  # until Ray notices
+                env.step(np.zeros(3, dtype=np.int64))
+                time.sleep(0.05)
+        assert info.value.worker in doomed
+        assert env.actor_info[info.value.worker]["node_id"] in str(info.value)
+        env.close()
+    finally:
+        close_all(env)
+        if node is not None:
+            cluster.remove_node(node)
+
+
+def test_env_exception_in_step_is_raised_as_itself(cluster):
+    """An env raising inside an actor's worker: EnvBoom, with the env's traceback; then broken."""
+    fns = [functools.partial(testenvs.make_sleepy_env, 0.0)] * 2 + [
+        functools.partial(testenvs.make_raising_env, 2)]
+    env = None
+    try:
+        env = RayShmVecEnv(fns, n_actors=2, timeout=60)
+        env.reset()
+        env.step(np.zeros(3, dtype=np.int64))
+        with pytest.raises(testenvs.EnvBoom) as info:
+            env.step(np.zeros(3, dtype=np.int64))
+        notes = "\n".join(info.value.__notes__)
+        assert "env 0" in notes  # local index within the actor's ShmVecEnv ...
+        assert "actor 1" in notes and "envs 2..2" in notes  # ... and where that is globally
+        assert "boom after 2 steps" in str(info.value.__cause__)  # the worker's traceback
+        with pytest.raises(BrokenVecEnvError):
+            env.reset()
+    finally:
+        close_all(env)
+
+
+def test_timeout_names_the_late_actor(cluster):
+    fns = [functools.partial(testenvs.make_sleepy_env, 0.0), functools.partial(testenvs.make_sleepy_env, 3.0)]
+    env = None
+    try:
+        env = RayShmVecEnv(fns, n_actors=2, timeout=0.5)
+        env.reset()
+        with pytest.raises(WorkerTimeoutError, match=r"actors \[1\] \(envs 1..1\)"):
+            env.step(np.zeros(2, dtype=np.int64))
+    finally:
+        close_all(env)
+
+
+def test_placement_group_one_actor_per_bundle(cluster):
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+    env = None
+    try:
+        ray.get(pg.ready(), timeout=60)
+        env = RayShmVecEnv([testenvs.make_cartpole] * 4, placement_group=pg)
+        assert env.n_actors == 2
+        assert len({i["node_id"] for i in env.actor_info}) == 2
+        env.seed(1)
+        assert env.reset().shape == (4, 4)
+    finally:
+        close_all(env)
+        remove_placement_group(pg)
+
+
+def test_bad_arguments_are_refused_before_any_actor_starts(cluster):
+    fns = [testenvs.make_cartpole] * 2
+    with pytest.raises(ValueError, match="fork"):
+        RayShmVecEnv(fns, shm_kwargs={"start_method": "fork"})
+    with pytest.raises(ValueError, match="on_failure"):
+        RayShmVecEnv(fns, on_failure="restart")
+    with pytest.raises(ValueError, match="3 actors for 2 envs"):
+        RayShmVecEnv(fns, n_actors=3)
+    with pytest.raises(ValueError, match="envs_per_actor"):
+        RayShmVecEnv(fns, envs_per_actor=[2, 0])
+    with pytest.raises(TypeError, match="not a callable"):
+        RayShmVecEnv([testenvs.make_cartpole()] * 2)
+    lock = __import__("threading").Lock()
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        RayShmVecEnv([lambda: lock] * 2)
