@@ -195,9 +195,10 @@ class RayShmVecEnv(VecEnv):
     :param actor_options: more ``.options(...)`` for every actor (``resources``,
         ``runtime_env``, ``memory``, ...).
     :param shm_kwargs: keyword arguments of each actor's ShmVecEnv (``n_workers``,
-        ``start_method``, ``copy``, ``timeout``, ...).  The start method defaults to
-        ``"forkserver"``; ``"fork"`` is refused (a Ray worker runs threads that fork would copy
-        in an unknown state).
+        ``start_method``, ``timeout``, ...).  The start method defaults to ``"forkserver"``;
+        ``"fork"`` is refused (a Ray worker runs threads that fork would copy in an unknown
+        state).  ``copy`` defaults to False there (Ray copies the result anyway); ``reset`` and
+        ``step_wait`` of this class always return arrays of their own.
     :param timeout: seconds to wait for the actors on any command before raising
         ``WorkerTimeoutError`` (None: as long as they are alive; Ray reports dead ones).
     :param start_timeout: seconds to wait for the actors to be placed and their envs built;
@@ -250,6 +251,9 @@ class RayShmVecEnv(VecEnv):
             raise ValueError(f"timeout must be positive or None, got {timeout}")
         shm_kwargs = dict(shm_kwargs or {})
         shm_kwargs.setdefault("start_method", "forkserver")
+        # Views are safe here: Ray serializes a method's result as it returns, before the next
+        # step can overwrite the buffers; the driver's concatenation makes arrays of its own.
+        shm_kwargs.setdefault("copy", False)
         if shm_kwargs["start_method"] == "fork":
             raise ValueError(
                 "shm_kwargs start_method='fork' is refused inside Ray actors (their gRPC threads would be forked "

@@ -159,15 +159,21 @@ def test_steps_match_dummy_vec_env_across_two_nodes(cluster):
     _wait_gone(pids + workers)
 
 
-def test_cartpole_through_make_vec_env_matches_dummy(cluster):
-    """SB3's make_vec_env (Monitor wrapped) with a spread of 3 actors: obs, rewards, dones, infos."""
+def test_cartpole_through_make_vec_env_on_a_placement_group_matches_dummy(cluster):
+    """SB3's make_vec_env (Monitor wrapped), one actor per bundle of a placement group spread over
+    the two nodes: obs, rewards, dones and infos (episode stats, terminal_observation) equal."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
     env = ref = None
     try:
+        ray.get(pg.ready(), timeout=120)
         ref = make_vec_env("CartPole-v1", n_envs=6, seed=0, vec_env_cls=DummyVecEnv)
         env = make_vec_env("CartPole-v1", n_envs=6, seed=0, vec_env_cls=RayShmVecEnv,
-                           vec_env_kwargs={"n_actors": 3})
-        assert env.n_actors == 3 and env.render_mode == ref.render_mode
-        assert env.metadata == ref.metadata
+                           vec_env_kwargs={"placement_group": pg})
+        assert env.n_actors == 2
+        assert len({i["node_id"] for i in env.actor_info}) == 2
+        assert env.render_mode == ref.render_mode and env.metadata == ref.metadata
         assert_same(env.reset(), ref.reset(), "reset obs", strict_dtype=True)
         env.action_space.seed(0)
         episodes = 0
@@ -183,6 +189,7 @@ def test_cartpole_through_make_vec_env_matches_dummy(cluster):
         assert episodes > 6
     finally:
         close_all(env, ref)
+        remove_placement_group(pg)
 
 
 def test_attribute_and_method_calls_reach_the_right_env(cluster):
@@ -319,23 +326,6 @@ def test_timeout_names_the_late_actor(cluster):
             env.step(np.zeros(2, dtype=np.int64))
     finally:
         close_all(env)
-
-
-def test_placement_group_one_actor_per_bundle(cluster):
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
-    env = None
-    try:
-        ray.get(pg.ready(), timeout=60)
-        env = RayShmVecEnv([testenvs.make_cartpole] * 4, placement_group=pg)
-        assert env.n_actors == 2
-        assert len({i["node_id"] for i in env.actor_info}) == 2
-        env.seed(1)
-        assert env.reset().shape == (4, 4)
-    finally:
-        close_all(env)
-        remove_placement_group(pg)
 
 
 def test_bad_arguments_are_refused_before_any_actor_starts(cluster):
