@@ -17,8 +17,9 @@ actor (``terminal_observation`` included); the driver rebuilds the others.
 Faults: an actor that dies (its process, or its node) raises :class:`RayActorDiedError` (a
 :class:`~shmvec.WorkerDiedError`) naming the actor, its node and the envs it held; an env's
 exception arrives as its own type, as with ShmVecEnv.  Either way ``close()`` still releases
-everything.  Only ``on_failure="raise"`` exists for now: the vec env is then broken, and the
-caller closes it and builds a new one.
+everything.  With ``on_failure="restart"`` (the option of the same name of ShmVecEnv, same
+semantics) a failed actor is replaced by a new one instead, and its envs report the step as
+the end of a truncated episode (``info["shmvec_restarted"]`` says why).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import functools
 import os
 import pickle
+import time
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
@@ -54,7 +56,16 @@ from shmvec._errors import (
 )
 from shmvec._layout import split_envs
 
-__all__ = ["RayShmVecEnv", "RayActorDiedError"]
+try:  # brought by on_failure="restart" of local workers (shmvec._recovery)
+    from shmvec._errors import TooManyRestartsError, WorkerRestartWarning
+except ImportError:  # a core without it: the same classes, here
+    class TooManyRestartsError(ShmVecEnvError):  # type: ignore[no-redef]
+        """With ``on_failure="restart"``: a failure came after ``max_restarts`` restarts; the vec env is broken."""
+
+    class WorkerRestartWarning(RuntimeWarning):  # type: ignore[no-redef]
+        """With ``on_failure="restart"``: a worker failed and was restarted (its episodes end as truncated)."""
+
+__all__ = ["RayShmVecEnv", "RayActorDiedError", "TooManyRestartsError", "WorkerRestartWarning"]
 
 _BROKEN_HINT = "The vec env cannot go on: call close() and build a new one."
 _CALL_HINT = "The vec env is still usable."
@@ -63,6 +74,9 @@ _CALL_HINT = "The vec env is still usable."
 _CLOSE_TIMEOUT_S = 15.0
 # An info that says nothing beyond this is not sent; the driver rebuilds it.
 _PLAIN_INFO_KEY = "TimeLimit.truncated"
+# The info key of an env whose actor was restarted (the same as for local workers).
+RESTART_INFO_KEY = "shmvec_restarted"
+ON_FAILURE = ("raise", "restart")
 
 
 class RayActorDiedError(WorkerDiedError):
@@ -203,8 +217,22 @@ class RayShmVecEnv(VecEnv):
         ``WorkerTimeoutError`` (None: as long as they are alive; Ray reports dead ones).
     :param start_timeout: seconds to wait for the actors to be placed and their envs built;
         a cluster without the resources asked for never places them.
-    :param on_failure: what a dead actor does to the vec env; only ``"raise"`` (the default:
-        raise :class:`RayActorDiedError`, then close and rebuild) is supported for now.
+    :param on_failure: what a failed actor (it died, its node was lost, an env raised in
+        ``step``/``reset``, or it did not answer within ``timeout``) does to the vec env.
+        ``"raise"`` (default): the call raises (:class:`RayActorDiedError` for a dead actor,
+        the env's own exception, ``WorkerTimeoutError``) and the vec env is broken: close it.
+        ``"restart"``: the actor is killed and a new one builds the same envs from the same
+        factories (on another node if its node is gone) and resets them; ``step_wait``
+        reports each of them as an episode ended by truncation: ``done`` True, reward 0,
+        ``info["TimeLimit.truncated"]`` True, ``info["terminal_observation"]`` the last
+        observation returned for that env, ``info["shmvec_restarted"]`` a string saying what
+        failed, and the reset observation as the observation.  After a failed ``reset()`` the
+        flag is in ``reset_infos``.  Each restart warns (:class:`WorkerRestartWarning`).  A
+        failure while restarting raises, as does a failure during ``get_attr``/``env_method``
+        and the like.  Failures of single workers inside an actor are the actor's
+        ShmVecEnv's to handle: pass ``shm_kwargs={"on_failure": "restart"}`` for that.
+    :param max_restarts: with ``"restart"``, how many actor restarts this vec env may do in
+        all; the next failure raises :class:`TooManyRestartsError` (None: no limit).
 
     :raises TypeError: an env factory is not callable or cannot be pickled.
     :raises SpaceError: the actors' envs have different spaces.
@@ -232,6 +260,7 @@ class RayShmVecEnv(VecEnv):
         timeout: float | None = None,
         start_timeout: float | None = 120.0,
         on_failure: str = "raise",
+        max_restarts: int | None = 100,
     ) -> None:
         env_fns = list(env_fns)
         n_envs = len(env_fns)
@@ -242,11 +271,8 @@ class RayShmVecEnv(VecEnv):
                 raise TypeError(
                     f"env_fns[{i}] is {type(fn).__name__}, not a callable: pass functions that each build a new env."
                 )
-        if on_failure != "raise":
-            raise ValueError(
-                f"on_failure={on_failure!r}: RayShmVecEnv supports only 'raise' for now (a dead actor raises "
-                "RayActorDiedError; close() and build a new vec env)"
-            )
+        if on_failure not in ON_FAILURE:
+            raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {on_failure!r}")
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be positive or None, got {timeout}")
         shm_kwargs = dict(shm_kwargs or {})
@@ -279,37 +305,38 @@ class RayShmVecEnv(VecEnv):
             self.slices = [range(a, b) for a, b in zip(starts[:-1], starts[1:])]
         self.n_actors = n_actors
         self.timeout = timeout
+        self.start_timeout = start_timeout
+        self.on_failure = on_failure
+        self.max_restarts = max_restarts
+        self.restarts = 0
         self._call_timeout = timeout
 
         from shmvec.shm_vec_env import ShmVecEnv
 
-        payloads = [ShmVecEnv._pickle_factories(env_fns, sl) for sl in self.slices]
-        remote_cls = ray.remote(_ShmVecActor)
+        self._remote_cls = ray.remote(_ShmVecActor)
         options = dict(actor_options or {})
-        options.setdefault("max_restarts", 0)
+        options.setdefault("max_restarts", 0)  # restarts are ours: Ray's would lose the envs' state silently
+        self._actor_opts = [dict(options, num_cpus=cpus[k], scheduling_strategy=strategies[k])
+                            for k in range(n_actors)]
+        self._start_args = []
+        for k, sl in enumerate(self.slices):
+            kwargs = dict(shm_kwargs)
+            kwargs.setdefault("n_workers", max(1, min(len(sl), int(cpus[k]) or 1)))
+            self._start_args.append((ShmVecEnv._pickle_factories(env_fns, sl), kwargs))
         self.closed = False
         self._actors = []
         self.actor_info: list[dict[str, Any]] = [{} for _ in range(n_actors)]
+        self._last_obs: list[Any] = [None] * n_actors
         try:
-            for k, sl in enumerate(self.slices):
-                opts = dict(options, num_cpus=cpus[k], scheduling_strategy=strategies[k])
-                self._actors.append(remote_cls.options(**opts).remote())
-            starts_refs = []
-            for k, sl in enumerate(self.slices):
-                kwargs = dict(shm_kwargs)
-                kwargs.setdefault("n_workers", max(1, min(len(sl), int(cpus[k]) or 1)))
-                starts_refs.append(self._actors[k].start.remote(payloads[k], kwargs))
+            self._actors = [self._remote_cls.options(**opts).remote() for opts in self._actor_opts]
+            starts_refs = [a.start.remote(*args) for a, args in zip(self._actors, self._start_args)]
             self._call_timeout = start_timeout
             hellos = self._gather(starts_refs, "start", broken=True)
             self._call_timeout = timeout
         except BaseException:
             self.close_quietly()
             raise
-        self.actor_info = [
-            {"node_id": h["node_id"], "node_ip": h["node_ip"], "pid": h["pid"], "n_workers": h["n_workers"],
-             "env_indices": sl}
-            for h, sl in zip(hellos, self.slices)
-        ]
+        self.actor_info = [_where(h, sl) for h, sl in zip(hellos, self.slices)]
         first = hellos[0]
         for k, h in enumerate(hellos[1:], start=1):
             for name in ("observation_space", "action_space"):
@@ -353,13 +380,21 @@ class RayShmVecEnv(VecEnv):
         self._check_usable()
         if self.waiting:
             raise AlreadyPendingCallError("reset() while a step is in flight: call step_wait() first")
-        refs = [a.reset.remote(self._seeds[sl.start:sl.stop], self._options[sl.start:sl.stop])
-                for a, sl in zip(self._actors, self.slices)]
-        results = self._gather(refs, "reset", broken=True)
+        args = [(self._seeds[sl.start:sl.stop], self._options[sl.start:sl.stop]) for sl in self.slices]
+        refs = [a.reset.remote(*a_args) for a, a_args in zip(self._actors, args)]
+        results, failures = self._collect(refs, "reset", broken=True)
+        if failures:
+            if self.on_failure != "restart":
+                self._raise_failures(failures, list(range(self.n_actors)), "reset", broken=True)
+            for k, exc in failures.items():
+                reason = self._reason(k, exc, "reset")
+                obs, infos = self._restart_actor(k, reason, *args[k])
+                results[k] = (obs, [dict(info, **{RESTART_INFO_KEY: reason}) for info in infos])
         self.reset_infos = [info for _, infos in results for info in infos]
         self._reset_seeds()
         self._reset_options()
-        return self._concat_obs([obs for obs, _ in results])
+        self._last_obs = [obs for obs, _ in results]
+        return self._concat_obs(self._last_obs)
 
     def step_async(self, actions: np.ndarray) -> None:
         """Sends each actor its share of ``actions`` and starts its step (all actors at once).
@@ -385,9 +420,14 @@ class RayShmVecEnv(VecEnv):
             raise NoAsyncCallError("step_wait() without a preceding step_async()")
         refs, self._pending = self._pending, []
         try:
-            results = self._gather(refs, "step", broken=True)
+            results, failures = self._collect(refs, "step", broken=True)
         finally:
             self.waiting = False
+        if failures:
+            if self.on_failure != "restart":
+                self._raise_failures(failures, list(range(self.n_actors)), "step", broken=True)
+            for k, exc in failures.items():
+                results[k] = self._restarted_step(k, self._reason(k, exc, "step"), results)
         infos: list[dict[str, Any]] = []
         for sl, (_, _, dones, payload) in zip(self.slices, results):
             start = sl.start
@@ -395,12 +435,13 @@ class RayShmVecEnv(VecEnv):
             for i in np.flatnonzero(dones).tolist():
                 self.reset_infos[start + i] = {}
             if payload:
-                extra, resets = pickle.loads(payload)
+                extra, resets = pickle.loads(payload) if isinstance(payload, bytes) else payload
                 for i, info in extra:
                     infos[start + i] = info
                 for i, info in resets:
                     self.reset_infos[start + i] = info
-        obs = self._concat_obs([r[0] for r in results])
+        self._last_obs = [r[0] for r in results]
+        obs = self._concat_obs(self._last_obs)
         rewards = np.concatenate([r[1] for r in results])
         dones = np.concatenate([r[2] for r in results])
         return obs, rewards, dones, infos
@@ -528,60 +569,145 @@ class RayShmVecEnv(VecEnv):
         raise IndexError(i)  # pragma: no cover - checked by the caller
 
     def _gather(self, refs: list, command: str, broken: bool, actors: list[int] | None = None) -> list[Any]:
-        """ray.get of one result per actor, turning Ray's failures into shmvec's errors.
+        """One result per actor (``actors``: their indices), or the error that says what failed."""
+        results, failures = self._collect(refs, command, broken)
+        if failures:
+            self._raise_failures(failures, list(range(len(refs))) if actors is None else actors, command, broken)
+        return results
 
-        ``broken``: a failure leaves the actors in different states (some stepped, some not),
-        so the vec env cannot go on.
+    def _collect(self, refs: list, command: str, broken: bool) -> tuple[list[Any], dict[int, BaseException]]:
+        """ray.get of one result per actor: (results, {position: Ray's exception}) for the failed ones.
+
+        A ref not ready within the timeout fails with ``GetTimeoutError``.  An interruption
+        (KeyboardInterrupt) leaves the actors in unknown states: the vec env is then broken
+        when ``broken`` says so.
         """
-        actors = list(range(len(refs))) if actors is None else actors
+        limit = self._call_timeout
+        t0 = time.monotonic()
         try:
-            return ray.get(refs, timeout=self._call_timeout)
+            try:
+                return ray.get(refs, timeout=limit), {}
+            except ray.exceptions.RayError:
+                pass
+            # Something failed: wait for the rest (within what is left of the timeout), then look
+            # at each result on its own.
+            left = None if limit is None else max(0.0, limit - (time.monotonic() - t0))
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=left)
         except BaseException as exc:
-            err = self._failure(refs, actors, command, exc, broken)
-            if broken or isinstance(err, (RayActorDiedError, WorkerTimeoutError)):
-                self._broken = err
-            if err is exc:
-                raise
-            if err.__cause__ is None:
-                err.__suppress_context__ = True  # Ray's exception says nothing more than ours
-            raise err
+            if broken and self._broken is None:
+                self._broken = exc
+            raise
+        ready_set = set(ready)
+        results: list[Any] = [None] * len(refs)
+        failures: dict[int, BaseException] = {}
+        for pos, ref in enumerate(refs):
+            if ref not in ready_set:
+                failures[pos] = ray.exceptions.GetTimeoutError(f"no answer within {self._call_timeout} s")
+                continue
+            try:
+                results[pos] = ray.get(ref, timeout=0)
+            except ray.exceptions.RayError as exc:
+                failures[pos] = exc
+        return results, failures
 
-    def _failure(self, refs: list, actors: list[int], command: str, exc: BaseException,
-                 broken: bool) -> BaseException:
+    def _raise_failures(self, failures: dict[int, BaseException], actors: list[int], command: str,
+                        broken: bool) -> None:
+        """Raises the error that says most about ``failures`` ({position in actors: exception}).
+
+        A dead actor first (it names the node), then an env's exception, then a timeout.
+        """
         hint = _BROKEN_HINT if broken else _CALL_HINT
-        if isinstance(exc, ray.exceptions.GetTimeoutError):
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            late = [k for k, ref in zip(actors, refs) if ref not in ready]
+        dead = [(actors[p], e) for p, e in failures.items() if isinstance(e, ray.exceptions.RayActorError)]
+        late = [actors[p] for p, e in failures.items() if isinstance(e, ray.exceptions.GetTimeoutError)]
+        env_errors = [(actors[p], e) for p, e in failures.items() if isinstance(e, ray.exceptions.RayTaskError)]
+        others = [e for e in failures.values()
+                  if not isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
+                                        ray.exceptions.RayTaskError))]
+        err: BaseException
+        if dead:
+            err = self._died(dead, command)
+        elif env_errors:
+            k, e = env_errors[0]
+            err = self._located(_unwrap(e, hint), k)
+        elif late:
             envs = ", ".join(f"{self.slices[k].start}..{self.slices[k].stop - 1}" for k in late)
-            return WorkerTimeoutError(
+            err = WorkerTimeoutError(
                 f"{command}: actors {late} (envs {envs}) did not answer within {self._call_timeout:g} s. "
                 "An env may hang, or the cluster lacks the resources to place them (see `ray status`); "
                 "call close() (it kills them) and build a new vec env."
             )
-        if not isinstance(exc, ray.exceptions.RayError):
-            return exc  # KeyboardInterrupt and the like: the actors' state is unknown
-        # Find which actors failed: a dead one first (it says most), else the first env error.
-        dead: list[tuple[int, BaseException]] = []
-        first_error: BaseException | None = None
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        for k, ref in zip(actors, refs):
-            if ref not in ready:
-                continue
-            try:
-                ray.get(ref, timeout=0)
-            except ray.exceptions.RayActorError as e:
-                dead.append((k, e))
-            except ray.exceptions.RayTaskError as e:
-                first_error = first_error or self._located(_unwrap(e, hint), k)
-            except ray.exceptions.RayError as e:
-                first_error = first_error or e
-        if dead:
-            return self._died(dead, command)
-        if first_error is not None:
-            return first_error
-        if isinstance(exc, ray.exceptions.RayActorError):  # pragma: no cover - not ready a moment ago
-            return self._died([(actors[0], exc)], command)
-        return exc
+        else:
+            err = ShmVecEnvError(f"{command}: Ray failed: {type(others[0]).__name__}: {others[0]}. {hint}")
+            err.__cause__ = others[0]
+        if broken or dead or late:
+            self._broken = err
+        if err.__cause__ is None:
+            err.__suppress_context__ = True  # Ray's exception says nothing more than ours
+        raise err
+
+    # ---- restarts (on_failure="restart") ---------------------------------------------------------------
+    def _reason(self, k: int, exc: BaseException, command: str) -> str:
+        """What failed, in one line, for ``info["shmvec_restarted"]`` and the warning."""
+        sl, info = self.slices[k], self.actor_info[k]
+        where = f"actor {k} (envs {sl.start}..{sl.stop - 1}, node {info.get('node_ip')}, pid {info.get('pid')})"
+        if isinstance(exc, ray.exceptions.RayActorError):
+            return f"{where} died during {command}"
+        if isinstance(exc, ray.exceptions.GetTimeoutError):
+            return f"{where} did not answer {command} within {self._call_timeout:g} s"
+        cause = getattr(exc, "cause", None) or exc
+        return f"{where}: {type(cause).__name__} during {command}: {cause}"
+
+    def _restarted_step(self, k: int, reason: str, results: list) -> tuple:
+        """The step result of actor k's envs after a restart: truncated episodes."""
+        obs, reset_infos = self._restart_actor(k, reason)
+        n = len(self.slices[k])
+        last = self._last_obs[k] if self._last_obs[k] is not None else obs  # stepped before any reset
+        extra = [(i, {_PLAIN_INFO_KEY: True, "terminal_observation": _take(last, i), RESTART_INFO_KEY: reason})
+                 for i in range(n)]
+        resets = [(i, info) for i, info in enumerate(reset_infos) if info]
+        dtype = next((r[1].dtype for r in results if r is not None), np.dtype(np.float32))
+        return obs, np.zeros(n, dtype=dtype), np.ones(n, dtype=bool), (extra, resets)
+
+    def _restart_actor(self, k: int, reason: str, seeds: list | None = None,
+                       options: list | None = None) -> tuple[Any, list]:
+        """Replaces actor k by a new one with the same envs, reset; returns (obs, reset infos)."""
+        if self.max_restarts is not None and self.restarts >= self.max_restarts:
+            self._broken = TooManyRestartsError(
+                f"{reason}, after {self.restarts} restarts (max_restarts={self.max_restarts}). " + _BROKEN_HINT
+            )
+            raise self._broken
+        self.restarts += 1
+        try:
+            ray.kill(self._actors[k], no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        n = len(self.slices[k])
+        opts = dict(self._actor_opts[k])
+        strategy = opts["scheduling_strategy"]
+        if isinstance(strategy, NodeAffinitySchedulingStrategy):
+            alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+            if strategy.node_id not in alive:
+                opts["scheduling_strategy"] = "SPREAD"  # its node is gone: anywhere with room
+        self._actors[k] = actor = self._remote_cls.options(**opts).remote()
+        try:
+            self._call_timeout = self.start_timeout
+            (hello,) = self._gather([actor.start.remote(*self._start_args[k])], "restart", broken=True, actors=[k])
+            self._call_timeout = self.timeout
+            for name in ("observation_space", "action_space"):
+                if hello[name] != getattr(self, name):
+                    raise SpaceError(f"restarted actor {k} has {name} {hello[name]}, not {getattr(self, name)}")
+            self.actor_info[k] = _where(hello, self.slices[k])
+            (result,) = self._gather([actor.reset.remote(seeds or [None] * n, options or [{}] * n)],
+                                     "reset after restart", broken=True, actors=[k])
+        except BaseException as exc:
+            self._call_timeout = self.timeout
+            if self._broken is None:
+                self._broken = exc
+            raise
+        warnings.warn(f"shmvec.ray: {reason}; restarted it (restart {self.restarts}), on node "
+                      f"{self.actor_info[k]['node_ip']}: its episodes end as truncated", WorkerRestartWarning,
+                      stacklevel=3)
+        return result
 
     def _located(self, exc: BaseException, k: int) -> BaseException:
         sl, info = self.slices[k], self.actor_info[k]
@@ -619,6 +745,20 @@ class RayShmVecEnv(VecEnv):
                 self.close()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def _where(hello: dict[str, Any], sl: range) -> dict[str, Any]:
+    return {"node_id": hello["node_id"], "node_ip": hello["node_ip"], "pid": hello["pid"],
+            "n_workers": hello["n_workers"], "env_indices": sl}
+
+
+def _take(batch: Any, i: int) -> Any:
+    """Env i's observation out of a batch (dicts and tuples of arrays included), as a copy."""
+    if isinstance(batch, dict):
+        return {key: _take(value, i) for key, value in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(_take(value, i) for value in batch)
+    return np.array(batch[i])
 
 
 def _unwrap(exc: ray.exceptions.RayTaskError, hint: str) -> BaseException:

@@ -34,7 +34,13 @@ import testenvs  # noqa: E402
 from conftest import leaks_since, take_snapshot  # noqa: E402
 from helpers import assert_same, close_all  # noqa: E402
 from shmvec import BrokenVecEnvError, WorkerDiedError, WorkerTimeoutError  # noqa: E402
-from shmvec.ray import RayActorDiedError, RayShmVecEnv  # noqa: E402
+from shmvec.ray import (  # noqa: E402
+    RESTART_INFO_KEY,
+    RayActorDiedError,
+    RayShmVecEnv,
+    TooManyRestartsError,
+    WorkerRestartWarning,
+)
 from test_equivalence import _check_coverage, _options, run_lockstep  # noqa: E402
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -268,6 +274,50 @@ def test_actor_killed_mid_step_names_its_envs_and_close_still_works(cluster):
         close_all(env)
 
 
+def test_restart_replaces_a_killed_actor_and_truncates_its_episodes(cluster):
+    """on_failure="restart": the killed actor's envs end a truncated episode and go on in a new
+    actor; the other actor's envs are untouched (equal to DummyVecEnv throughout)."""
+    fns = testenvs.spaces_env_fns("box", "discrete", 5)
+    ref = DummyVecEnv(fns)
+    env = None
+    try:
+        env = RayShmVecEnv(fns, n_actors=2, on_failure="restart", max_restarts=1)
+        assert [i["env_indices"] for i in env.actor_info] == [range(0, 3), range(3, 5)]
+        env.seed(5)
+        ref.seed(5)
+        obs = env.reset()
+        assert_same(obs, ref.reset(), "reset obs")
+        actions = np.zeros(5, dtype=np.int64)
+        for _ in range(3):
+            obs, *_ = env.step(actions)
+            ref.step(actions)
+        victim = env.actor_info[1]
+        os.kill(victim["pid"], signal.SIGKILL)
+        with pytest.warns(WorkerRestartWarning, match="actor 1"):
+            obs2, rewards, dones, infos = env.step(actions)
+        obs_r, rew_r, done_r, infos_r = ref.step(actions)
+        assert env.restarts == 1 and env.actor_info[1]["pid"] != victim["pid"]
+        # actor 0's envs: as if nothing happened
+        assert_same(obs2[:3], obs_r[:3], "obs of actor 0")
+        assert_same(rewards[:3], rew_r[:3], "rewards of actor 0")
+        assert_same(infos[:3], infos_r[:3], "infos of actor 0")
+        # actor 1's envs: a truncated episode end, the last observation as terminal observation
+        assert dones[3:].all() and (rewards[3:] == 0).all()
+        for i in (3, 4):
+            assert infos[i]["TimeLimit.truncated"] is True
+            assert_same(infos[i]["terminal_observation"], obs[i], f"terminal obs {i}")
+            assert "actor 1" in infos[i][RESTART_INFO_KEY] and "died" in infos[i][RESTART_INFO_KEY]
+            assert env.reset_infos[i]["tag"] == i  # the new env's reset info
+        env.step(actions)  # and it goes on
+        os.kill(env.actor_info[1]["pid"], signal.SIGKILL)
+        with pytest.raises(TooManyRestartsError, match="max_restarts=1"):
+            env.step(actions)
+        with pytest.raises(BrokenVecEnvError):
+            env.step(actions)
+    finally:
+        close_all(env, ref)
+
+
 def test_lost_node_names_the_actor_and_node(cluster):
     """A node that goes away takes its actor with it: RayActorDiedError names it; close works."""
     node = cluster.add_node(num_cpus=1)
@@ -332,8 +382,8 @@ def test_bad_arguments_are_refused_before_any_actor_starts(cluster):
     fns = [testenvs.make_cartpole] * 2
     with pytest.raises(ValueError, match="fork"):
         RayShmVecEnv(fns, shm_kwargs={"start_method": "fork"})
-    with pytest.raises(ValueError, match="on_failure"):
-        RayShmVecEnv(fns, on_failure="restart")
+    with pytest.raises(ValueError, match="on_failure must be one of"):
+        RayShmVecEnv(fns, on_failure="retry")
     with pytest.raises(ValueError, match="3 actors for 2 envs"):
         RayShmVecEnv(fns, n_actors=3)
     with pytest.raises(ValueError, match="envs_per_actor"):
