@@ -462,11 +462,13 @@ class RayShmVecEnv(VecEnv):
         pending, self._pending = self._pending, []
         self.waiting = False
         error: BaseException | None = None
+        # Actors that timed out may be stuck in an env: kill them without asking.
+        polite = not isinstance(self._broken, WorkerTimeoutError)
         try:
-            if pending:  # let a step in flight finish before closing
+            if pending and polite:  # let a step in flight finish before closing
                 ray.wait(pending, num_returns=len(pending), timeout=_CLOSE_TIMEOUT_S)
-            refs = [a.close.remote() for a in actors]
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_CLOSE_TIMEOUT_S)
+            refs = [a.close.remote() for a in actors] if polite else []
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_CLOSE_TIMEOUT_S) if refs else ([], [])
             for ref in ready:
                 try:
                     ray.get(ref)
