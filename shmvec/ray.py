@@ -334,14 +334,14 @@ class RayShmVecEnv(VecEnv):
             hellos = self._gather(starts_refs, "start", broken=True)
             self._call_timeout = timeout
         except BaseException:
-            self.close_quietly()
+            self._close_quietly()
             raise
         self.actor_info = [_where(h, sl) for h, sl in zip(hellos, self.slices)]
         first = hellos[0]
         for k, h in enumerate(hellos[1:], start=1):
             for name in ("observation_space", "action_space"):
                 if h[name] != first[name]:
-                    self.close_quietly()
+                    self._close_quietly()
                     raise SpaceError(
                         f"env {self.slices[k].start} (actor {k}) has {name} {h[name]}, env 0 has {first[name]}: "
                         "all envs of a vec env must share their spaces."
@@ -461,6 +461,8 @@ class RayShmVecEnv(VecEnv):
         actors, self._actors = self._actors, []
         pending, self._pending = self._pending, []
         self.waiting = False
+        if not ray.is_initialized():
+            return  # ray.shutdown() came first: the driver's actors died with it
         error: BaseException | None = None
         # Actors that timed out may be stuck in an env: kill them without asking.
         polite = not isinstance(self._broken, WorkerTimeoutError)
@@ -485,7 +487,7 @@ class RayShmVecEnv(VecEnv):
         if error is not None:
             raise error
 
-    def close_quietly(self) -> None:
+    def _close_quietly(self) -> None:
         """``close()``, ignoring errors (for clean-up paths)."""
         try:
             self.close()
