@@ -262,9 +262,9 @@ def make_env(
             importlib.import_module(module)
         spec = gym.spec(env_id)
         entry = None
+    elif isinstance(id_or_callable, gym.Env):
+        raise TypeError(_instance_message("make_env's argument", id_or_callable))
     elif callable(id_or_callable):
-        if isinstance(id_or_callable, gym.Env):
-            raise TypeError(_instance_message("make_env's argument", id_or_callable))
         spec, entry = None, _as_ref(id_or_callable)
     else:
         raise TypeError(f"make_env takes an env id, an EnvSpec or a callable, not {type(id_or_callable).__name__}")

@@ -110,3 +110,8 @@ class ReportProcess(gym.Wrapper):
 
 # The process that imported this module: a worker itself, or the forkserver when preloaded.
 IMPORTED_IN_PID = os.getpid()
+
+
+def make_probe_4() -> gym.Env:
+    """A module-level factory without arguments (described by its import string)."""
+    return ProbeEnv(4)
