@@ -134,11 +134,10 @@ def test_module_id_imports_its_module_in_spawned_workers():
         env.close()
 
 
+# Heavy imports stay under the main guard: spawned workers re-run this script's top level.
 _REGISTER_SCRIPT = '''
 import json, sys, traceback
 import gymnasium as gym
-from stable_baselines3.common.vec_env import SubprocVecEnv
-from shmvec import ShmVecEnv, make_env
 
 
 class LocalEnv(gym.Env):
@@ -170,10 +169,13 @@ def outcome(build):
 
 
 if __name__ == "__main__":
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+    from shmvec import ShmVecEnv, make_env
+
     gym.register(id="RuntimeRegistered-v0", entry_point="mymodule:MyEnv", max_episode_steps=5)
     gym.register(id="MainDefined-v0", entry_point=LocalEnv)
     result = {}
-    result["sb3_lambda"] = outcome(lambda: SubprocVecEnv([lambda: gym.make("RuntimeRegistered-v0")] * 2,
+    result["sb3_lambda"] = outcome(lambda: SubprocVecEnv([lambda: gym.make("RuntimeRegistered-v0")],
                                                          start_method="spawn"))
     result["shm_lambda"] = outcome(lambda: ShmVecEnv([lambda: gym.make("RuntimeRegistered-v0")] * 2,
                                                      start_method="spawn"))
@@ -413,14 +415,15 @@ def test_describe_names_the_factory_that_is_not_plain_data():
         factory_from_description({"type": "teleport"})
 
 
+# Heavy imports stay under the main guard: spawned workers re-run this script's top level.
 _CONTINUE_SCRIPT = '''
 import json, sys
-from shmvec import ShmVecEnv
-from stable_baselines3 import PPO
-from stable_baselines3.common.vec_env import VecMonitor
 
 if __name__ == "__main__":
     import multiprocessing
+    from shmvec import ShmVecEnv
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import VecMonitor
     assert multiprocessing.parent_process() is None  # a fresh interpreter, not a fork of the trainer
     with open(sys.argv[1] if len(sys.argv) > 1 else "run/vec_env.json") as f:
         description = json.load(f)
@@ -428,7 +431,7 @@ if __name__ == "__main__":
     try:
         model = PPO.load("run/model.zip", env=venv, device="cpu")
         before = model.num_timesteps
-        model.learn(1024, reset_num_timesteps=False)
+        model.learn(512, reset_num_timesteps=False)
         print(json.dumps({"before": before, "after": model.num_timesteps, "n_envs": venv.num_envs,
                           "start_method": venv.venv.start_method}))
     finally:
@@ -444,7 +447,7 @@ def test_ppo_trained_saved_and_continued_in_a_fresh_spawned_interpreter(tmp_path
     try:
         venv.seed(5)
         model = PPO("MlpPolicy", venv, n_steps=128, batch_size=128, n_epochs=2, seed=0, device="cpu")
-        model.learn(3000)
+        model.learn(2500)
         (tmp_path / "run").mkdir()
         model.save(tmp_path / "run" / "model.zip")
         (tmp_path / "run" / "vec_env.json").write_text(json.dumps(venv.venv.describe(), indent=1))
@@ -456,8 +459,8 @@ def test_ppo_trained_saved_and_continued_in_a_fresh_spawned_interpreter(tmp_path
     proc = run_script(script)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)
-    assert result["before"] == trained >= 3000
-    assert result["after"] >= trained + 1024
+    assert result["before"] == trained >= 2500
+    assert result["after"] >= trained + 512
     assert result["n_envs"] == 4 and result["start_method"] == "spawn"
 
 
