@@ -494,7 +494,10 @@ def describe_factory(fn: Any) -> dict[str, Any]:
     sb3 = _sb3_closure_vars(fn)
     if sb3 is not None:
         env_id = sb3["env_id"]
-        env_ref = env_id if isinstance(env_id, str) else import_string(env_id)
+        if isinstance(env_id, EnvFactory):  # make_vec_env(make_env("MyEnv-v0"), ...)
+            env_ref: Any = env_id.to_dict()
+        else:
+            env_ref = env_id if isinstance(env_id, str) else import_string(env_id)
         wrapper = sb3["wrapper_class"]
         wrapper_ref = None if wrapper is None else import_string(wrapper)
         if env_ref is None or (wrapper is not None and wrapper_ref is None):
@@ -507,7 +510,8 @@ def describe_factory(fn: Any) -> dict[str, Any]:
         return {
             "type": "sb3_make_vec_env",
             # an env id ("CartPole-v1", "module:Env-v0") or the import string of a callable
-            ("env_id" if isinstance(env_id, str) else "env_entry"): env_ref,
+            ("env_id" if isinstance(env_id, str) else "env_factory" if isinstance(env_ref, dict) else "env_entry"):
+                env_ref,
             "rank": sb3["rank"],
             "seed": sb3["seed"],
             "env_kwargs": _jsonable(dict(sb3["env_kwargs"] or {}), "env_kwargs"),
@@ -540,7 +544,12 @@ def factory_from_description(d: Mapping[str, Any]) -> Callable[[], gym.Env]:
         # Rebuilt by SB3's own make_vec_env, so that it is the same closure SB3 would build.
         from stable_baselines3.common.env_util import make_vec_env
 
-        env_id = d["env_id"] if "env_id" in d else resolve(d["env_entry"])
+        if "env_id" in d:
+            env_id = d["env_id"]
+        elif "env_factory" in d:
+            env_id = EnvFactory.from_dict(d["env_factory"])
+        else:
+            env_id = resolve(d["env_entry"])
         captured = make_vec_env(
             env_id, n_envs=1, seed=d.get("seed"), start_index=d["rank"], monitor_dir=d.get("monitor_dir"),
             wrapper_class=resolve(d["wrapper_class"]) if d.get("wrapper_class") else None,
@@ -760,5 +769,5 @@ def explain_construction_error(exc: BaseException, start_method: str) -> None:
     exc.add_note(
         f"shmvec: a {start_method!r} worker is a fresh interpreter: it did not run the gymnasium.register() of your "
         f"script{where}. Use shmvec.make_env(env_id) as the factory (it carries the resolved EnvSpec to the "
-        "worker), or register the env in an importable module and use the id 'module:EnvName-v0'."
+        "worker; with SB3: make_vec_env(shmvec.make_env(env_id), ...)), or register the env in an importable module and use the id 'module:EnvName-v0'."
     )

@@ -522,6 +522,8 @@ class ShmVecEnv(VecEnv):
             factories.append(d)
         options = {}
         for name, value in self._config.items():
+            if name == "cpu_affinity" and isinstance(value, (list, tuple)):
+                value = [sorted(v) if isinstance(v, (set, frozenset, tuple, list)) else v for v in value]
             options[name] = F._jsonable(list(value) if isinstance(value, tuple) else value, f"option {name}")
         out = {
             "shmvec_description": F.DESCRIPTION_VERSION,

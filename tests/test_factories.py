@@ -224,7 +224,7 @@ def test_env_registered_at_run_time_in_main_works_under_spawn_and_forkserver(tmp
     assert "NameNotFound" in proc.stderr
     # shmvec with the same lambda: the worker's NameNotFound, re-raised, with a note saying what to do.
     assert result["shm_lambda"]["error"] == "NameNotFound", result
-    assert any("shmvec.make_env" in note and "RuntimeRegistered-v0" in note for note in result["shm_lambda"]["notes"])
+    assert any("shmvec.make_env" in note and "RuntimeRegistered-v0" in note and "make_vec_env" in note for note in result["shm_lambda"]["notes"])
     # shmvec.make_env carries the resolved spec: it works.
     assert result["shm_make_env_spawn"] == {"ok": 2}, result
     assert result["shm_make_env_forkserver"] == {"ok": 3}, result
@@ -397,6 +397,25 @@ def test_make_vec_env_factories_are_described_and_rebuilt_by_sb3():
     finally:
         rebuilt.close()
     assert_same(got, want)
+
+
+def test_make_vec_env_of_a_make_env_factory_is_described():
+    """make_vec_env(make_env(id), ...): SB3's Monitor and seeding, shmvec's spawn-safe spec."""
+    env = make_vec_env(make_env("factory_envs:FactoryProbe-v0", size=2), n_envs=2, seed=3, vec_env_cls=ShmVecEnv,
+                       vec_env_kwargs={"start_method": "fork"})
+    try:
+        description = json.loads(json.dumps(env.describe()))
+        want = rollout_no_seed(env, 25)
+    finally:
+        env.close()
+    factory = description["env_fns"][0]["factory"]
+    assert factory["type"] == "sb3_make_vec_env" and factory["env_factory"]["spec"]["id"] == "FactoryProbe-v0"
+    rebuilt = ShmVecEnv.from_description(description)
+    try:
+        assert_same(rollout_no_seed(rebuilt, 25), want)
+        assert rebuilt.env_is_wrapped(Monitor) == [True, True]
+    finally:
+        rebuilt.close()
 
 
 def test_describe_names_the_factory_that_is_not_plain_data():
