@@ -720,6 +720,31 @@ def set_forkserver_preload(modules: Iterable[str]) -> bool:
 # Rebuilding a described vec env; explaining failures
 # ---------------------------------------------------------------------------------------------
 
+def describe_vec_env(descriptions: Sequence[dict[str, Any] | Exception], config: Mapping[str, Any], *, n_envs: int,
+                     n_workers: int, start_method: str, seed: Any, options: Any) -> dict[str, Any]:
+    """The body of ``ShmVecEnv.describe()``: factories (run-length encoded), options, seeds."""
+    factories = []
+    for i, d in enumerate(descriptions):
+        if isinstance(d, Exception):
+            raise DescriptionError(f"env_fns[{i}] cannot be described as plain data: {d}") from d
+        factories.append(d)
+    plain_options = {}
+    for name, value in config.items():
+        if name == "cpu_affinity" and isinstance(value, (list, tuple)):
+            value = [sorted(v) if isinstance(v, (set, frozenset, tuple, list)) else v for v in value]
+        plain_options[name] = _jsonable(list(value) if isinstance(value, tuple) else value, f"option {name}")
+    return {
+        "shmvec_description": DESCRIPTION_VERSION,
+        "n_envs": n_envs,
+        "env_fns": run_length(factories),
+        "options": plain_options,
+        "n_workers": n_workers,
+        "start_method": start_method,
+        "seed": _jsonable(seed, "seed"),
+        "reset_options": _jsonable(options, "set_options()"),
+    }
+
+
 def rebuild(description: Mapping[str, Any], cls: Any = None, **overrides: Any) -> Any:
     """The vec env ``ShmVecEnv.describe()`` described (``overrides`` replace constructor options).
 

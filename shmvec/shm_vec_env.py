@@ -515,27 +515,8 @@ class ShmVecEnv(VecEnv):
         :raises DescriptionError: a factory (a lambda, a closure, something defined in
             ``__main__``) or an option is not plain data; the message names which.
         """
-        factories = []
-        for i, d in enumerate(self._descriptions):
-            if isinstance(d, Exception):
-                raise F.DescriptionError(f"env_fns[{i}] cannot be described as plain data: {d}") from d
-            factories.append(d)
-        options = {}
-        for name, value in self._config.items():
-            if name == "cpu_affinity" and isinstance(value, (list, tuple)):
-                value = [sorted(v) if isinstance(v, (set, frozenset, tuple, list)) else v for v in value]
-            options[name] = F._jsonable(list(value) if isinstance(value, tuple) else value, f"option {name}")
-        out = {
-            "shmvec_description": F.DESCRIPTION_VERSION,
-            "n_envs": self.num_envs,
-            "env_fns": F.run_length(factories),
-            "options": options,
-            "n_workers": self.n_workers,
-            "start_method": self.start_method,
-            "seed": F._jsonable(self._seed_arg, "seed"),
-            "reset_options": F._jsonable(self._options_arg, "set_options()"),
-        }
-        return out
+        return F.describe_vec_env(self._descriptions, self._config, n_envs=self.num_envs, n_workers=self.n_workers,
+                                  start_method=self.start_method, seed=self._seed_arg, options=self._options_arg)
 
     @classmethod
     def from_description(cls, description: dict[str, Any], **overrides: Any) -> ShmVecEnv:
