@@ -578,7 +578,9 @@ def describe_env_fns(env_fns: Sequence[Any]) -> list[dict[str, Any] | Descriptio
         try:
             out.append(describe_factory(fn))
         except DescriptionError as exc:
-            out.append(exc)
+            # A fresh exception: the caught one's traceback would keep the factory (and whatever
+            # its closure holds) alive for as long as the vec env.
+            out.append(DescriptionError(str(exc)))
     return out
 
 
