@@ -440,9 +440,12 @@ import json, sys
 
 if __name__ == "__main__":
     import multiprocessing
+    import torch
     from shmvec import ShmVecEnv
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import VecMonitor
+
+    torch.set_num_threads(1)  # a tiny MLP: more threads only contend for the cores with the workers
     assert multiprocessing.parent_process() is None  # a fresh interpreter, not a fork of the trainer
     with open(sys.argv[1] if len(sys.argv) > 1 else "run/vec_env.json") as f:
         description = json.load(f)
@@ -458,7 +461,18 @@ if __name__ == "__main__":
 '''
 
 
-def test_ppo_trained_saved_and_continued_in_a_fresh_spawned_interpreter(tmp_path):
+@pytest.fixture
+def one_torch_thread():
+    """A tiny MLP on a busy machine: torch's extra threads only spin against the workers (30x slower)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_ppo_trained_saved_and_continued_in_a_fresh_spawned_interpreter(tmp_path, one_torch_thread):
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import VecMonitor
 
