@@ -19,17 +19,29 @@ from shmvec._startup import measure_fresh
 
 N_ENVS = 64
 
+# pytest-benchmark reads this clock before and after each round.  It advances only by the time
+# the fresh interpreter measured (construct + first reset), so the table shows that time, not
+# the interpreter's start-up and imports around it.
+_inner_clock = [0.0]
+
+
+def _clock() -> float:
+    return _inner_clock[0]
+
+
+pytestmark = pytest.mark.benchmark(timer=_clock, group="startup")
+
 
 def _run(benchmark, *args, **kwargs):
-    # pytest-benchmark's own time for the round includes starting the interpreter and its imports;
-    # the construct + reset time measured inside it is in extra_info["construct_and_reset_s"].
     results = []
 
     def once():
-        results.append(measure_fresh(*args, **kwargs))
+        seconds = measure_fresh(*args, **kwargs)
+        results.append(seconds)
+        _inner_clock[0] += seconds[0]
 
     benchmark.pedantic(once, rounds=1, iterations=1)
-    benchmark.extra_info["construct_and_reset_s"] = [r[0] for r in results]
+    benchmark.extra_info["construct_and_reset_s"] = results[0][0]
     if len(results[0]) > 1:
         benchmark.extra_info["second_vec_env_s"] = results[0][1]
 
