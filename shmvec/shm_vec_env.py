@@ -19,7 +19,6 @@ from multiprocessing.connection import Connection, wait as mp_wait
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
-import cloudpickle
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
@@ -156,7 +155,8 @@ class ShmVecEnv(VecEnv):
         env = make_vec_env("CartPole-v1", n_envs=64, vec_env_cls=ShmVecEnv)
 
     :param env_fns: callables that each build a new ``gymnasium.Env``; lambdas and closures are
-        fine (they are sent with cloudpickle).
+        fine (they are sent with cloudpickle).  For an env registered at run time, use
+        ``shmvec.make_env(env_id)``: it carries the resolved spec to spawned workers.
     :param n_workers: worker processes; each steps a contiguous slice of the envs.  Default: the
         number of cores this process may use, at most ``len(env_fns)``.
     :param start_method: ``"fork"``, ``"forkserver"`` or ``"spawn"``; default as SB3 (forkserver
@@ -521,6 +521,9 @@ class ShmVecEnv(VecEnv):
     @classmethod
     def from_description(cls, description: dict[str, Any], **overrides: Any) -> ShmVecEnv:
         """Builds the vec env that :meth:`describe` described (``overrides`` replace constructor options).
+
+        Options tied to the machine that wrote the description (``cpu_affinity``, ``n_workers``)
+        can be replaced here: ``ShmVecEnv.from_description(d, cpu_affinity=None, n_workers=None)``.
 
         The seeds and reset options of the description are set for the first ``reset()``.
 
