@@ -14,7 +14,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import threading
 from pathlib import Path
 
@@ -100,6 +99,18 @@ def test_make_env_builds_what_gym_make_builds():
     assert a is not b
     a.close()
     b.close()
+
+
+def test_make_env_of_an_env_spec():
+    spec = gym.spec("CartPole-v1")
+    factory = make_env(spec, max_episode_steps=3)
+    assert factory.env_id == "CartPole-v1" and factory.module is None
+    env = factory()
+    try:
+        env.reset(seed=0)
+        assert [env.step(0)[3] for _ in range(3)] == [False, False, True]
+    finally:
+        env.close()
 
 
 def test_make_env_of_a_callable_carries_an_import_string():
