@@ -54,6 +54,7 @@ from shmvec._errors import (
     WorkerDiedError,
     WorkerTimeoutError,
 )
+from shmvec import factories as F
 from shmvec._layout import split_envs
 
 try:  # brought by on_failure="restart" of local workers (shmvec._recovery)
@@ -266,11 +267,7 @@ class RayShmVecEnv(VecEnv):
         n_envs = len(env_fns)
         if n_envs == 0:
             raise ValueError("RayShmVecEnv needs at least one env factory")
-        for i, fn in enumerate(env_fns):
-            if isinstance(fn, gym.Env) or not callable(fn):
-                raise TypeError(
-                    f"env_fns[{i}] is {type(fn).__name__}, not a callable: pass functions that each build a new env."
-                )
+        F.check_factories(env_fns)
         if on_failure not in ON_FAILURE:
             raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {on_failure!r}")
         if timeout is not None and timeout <= 0:
@@ -311,8 +308,6 @@ class RayShmVecEnv(VecEnv):
         self.restarts = 0
         self._call_timeout = timeout
 
-        from shmvec.shm_vec_env import ShmVecEnv
-
         self._remote_cls = ray.remote(_ShmVecActor)
         options = dict(actor_options or {})
         options.setdefault("max_restarts", 0)  # restarts are ours: Ray's would lose the envs' state silently
@@ -322,7 +317,7 @@ class RayShmVecEnv(VecEnv):
         for k, sl in enumerate(self.slices):
             kwargs = dict(shm_kwargs)
             kwargs.setdefault("n_workers", max(1, min(len(sl), int(cpus[k]) or 1)))
-            self._start_args.append((ShmVecEnv._pickle_factories(env_fns, sl), kwargs))
+            self._start_args.append((F.pickle_factories(env_fns, sl), kwargs))
         self.closed = False
         self._actors = []
         self.actor_info: list[dict[str, Any]] = [{} for _ in range(n_actors)]
@@ -371,6 +366,15 @@ class RayShmVecEnv(VecEnv):
         return [NodeAffinitySchedulingStrategy(n["NodeID"], soft=False) for n in nodes], [num_cpus] * len(nodes)
 
     # ---- SB3 VecEnv API -----------------------------------------------------------------------------------
+    def seed(self, seed: int | Sequence[int | None] | np.random.SeedSequence | None = None) -> list[int | None]:
+        """Sets the seeds of the next ``reset()``, in the forms ``ShmVecEnv.seed`` takes (an int
+        ``s``: env i gets ``s + i``; one int per env; a ``numpy.random.SeedSequence``).  Seeds go
+        to the envs, not to actors: the same seeds give the same episodes however the envs are
+        split.
+        """
+        self._seeds, _ = F.per_env_seeds(seed, self.num_envs)
+        return self._seeds
+
     def reset(self) -> VecEnvObs:
         """Resets every env with the seeds from ``seed()`` and options from ``set_options()`` (used once).
 

@@ -223,6 +223,14 @@ def test_attribute_and_method_calls_reach_the_right_env(cluster):
             env.env_method("fail", "ouch", indices=[3])
         notes = "\n".join(getattr(info.value, "__notes__", []))
         assert "actor 1" in notes and "envs 2..4" in notes, notes
+        # per-env seeds reach the env they name, across actors
+        assert env.seed([7, 7, 8, 8, 7]) == [7, 7, 8, 8, 7]
+        obs = env.reset()
+        assert_same(obs[0], obs[1], "same seed, same first obs")
+        assert_same(obs[0], obs[4], "same seed, same first obs")
+        assert_same(obs[2], obs[3], "same seed, same first obs")
+        assert not np.array_equal(obs[0], obs[2])
+        assert len(set(env.seed(np.random.SeedSequence(3)))) == 5
         assert env.render_mode == "rgb_array"
         env.reset()
         images = env.get_images()
@@ -388,7 +396,7 @@ def test_bad_arguments_are_refused_before_any_actor_starts(cluster):
         RayShmVecEnv(fns, n_actors=3)
     with pytest.raises(ValueError, match="envs_per_actor"):
         RayShmVecEnv(fns, envs_per_actor=[2, 0])
-    with pytest.raises(TypeError, match="not a callable"):
+    with pytest.raises(TypeError, match="not a factory"):
         RayShmVecEnv([testenvs.make_cartpole()] * 2)
     lock = __import__("threading").Lock()
     with pytest.raises(TypeError, match="cannot be pickled"):
