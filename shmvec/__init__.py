@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 __all__ = [
     "ShmVecEnv",
+    "ShmVectorEnv",
+    "make_vec",
     "ShmVecEnvError",
     "WorkerDiedError",
     "WorkerTimeoutError",
@@ -36,6 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkerTimeoutError,
     )
     from shmvec.shm_vec_env import ShmVecEnv
+    from shmvec.shm_vector_env import ShmVectorEnv, make_vec
 
 
 def __getattr__(name: str) -> Any:
@@ -43,6 +46,10 @@ def __getattr__(name: str) -> Any:
         from shmvec.shm_vec_env import ShmVecEnv
 
         return ShmVecEnv
+    if name in ("ShmVectorEnv", "make_vec"):
+        from shmvec import shm_vector_env
+
+        return getattr(shm_vector_env, name)
     if name in __all__:
         from shmvec import _errors
 
