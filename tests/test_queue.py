@@ -1,0 +1,181 @@
+"""shmvec._core.IndexQueue (csrc/shmvec_queue.h): the lock-free MPSC index queue, across real processes.
+
+Many producer processes push at once while one consumer pops: no value may be lost or seen twice,
+and what a producer wrote before pushing a value must be visible once the consumer pops it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import secrets
+import time
+from multiprocessing.shared_memory import SharedMemory
+
+import numpy as np
+import pytest
+
+from shmvec._core import QUEUE_MAX_VALUE, IndexQueue, Words, queue_bytes, queue_capacity_for
+
+CAPACITY = 64
+CREDIT = 8           # values a producer may have outstanding (producers x CREDIT <= CAPACITY)
+N_PER_PRODUCER = 3000
+PAYLOAD_OFFSET = 4096  # int64 payload[value], written by the producer before it pushes value
+
+
+def _layout(n_producers: int, n_values: int) -> tuple[int, int, int]:
+    q_bytes = queue_bytes(CAPACITY)
+    words_offset = (q_bytes + 63) // 64 * 64
+    payload_offset = max(PAYLOAD_OFFSET, words_offset + 64 * 4)
+    return words_offset, payload_offset, payload_offset + 8 * n_values
+
+
+def _producer(name: str, k: int, n_producers: int, n: int, start_at: float) -> None:
+    shm = SharedMemory(name=name)
+    words_offset, payload_offset, _ = _layout(n_producers, n_producers * n)
+    q = IndexQueue(shm.buf, 0, CAPACITY, False)
+    words = Words(shm.buf, words_offset, 64)
+    payload = np.frombuffer(shm.buf, dtype=np.int64, count=n_producers * n, offset=payload_offset)
+    try:
+        while time.monotonic() < start_at:  # everyone starts together: maximal contention
+            pass
+        pushed = 0
+        for v in range(k, n_producers * n, n_producers):
+            while pushed - words.load(k) >= CREDIT:  # flow control keeps <= CAPACITY outstanding
+                os.sched_yield()
+            payload[v] = 7 * v + 3  # a plain store, published by the push below
+            q.push(v)
+            pushed += 1
+    finally:
+        del payload
+        words.release()
+        q.release()
+        shm.close()
+
+
+@pytest.mark.parametrize("method, n_producers", [("fork", 6), ("spawn", 3)])
+def test_many_producers_one_consumer_no_loss_no_duplicate(method, n_producers):
+    n_values = n_producers * N_PER_PRODUCER
+    words_offset, payload_offset, nbytes = _layout(n_producers, n_values)
+    shm = SharedMemory(name=f"shmvec_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=nbytes)
+    procs = []
+    q = words = payload = None
+    try:
+        shm.buf[:nbytes] = bytes(nbytes)
+        q = IndexQueue(shm.buf, 0, CAPACITY, True)
+        words = Words(shm.buf, words_offset, 64)
+        payload = np.frombuffer(shm.buf, dtype=np.int64, count=n_values, offset=payload_offset)
+        ctx = mp.get_context(method)
+        start_at = time.monotonic() + (3.0 if method == "spawn" else 0.5)
+        procs = [ctx.Process(target=_producer, args=(shm.name, k, n_producers, N_PER_PRODUCER, start_at))
+                 for k in range(n_producers)]
+        for p in procs:
+            p.start()
+        seen = np.zeros(n_values, dtype=np.int64)
+        last = [-1] * n_producers
+        consumed = [0] * n_producers
+        deadline = time.monotonic() + 120
+        got = 0
+        while got < n_values:
+            v = q.pop(0.5, 0.0)
+            if v is None:
+                assert time.monotonic() < deadline, f"only {got} of {n_values} values arrived"
+                assert all(p.is_alive() or p.exitcode == 0 for p in procs)
+                continue
+            assert payload[v] == 7 * v + 3, f"value {v} popped before its payload was visible"
+            k = v % n_producers
+            assert v > last[k], f"producer {k}'s values out of order: {v} after {last[k]}"
+            last[k] = v
+            seen[v] += 1
+            consumed[k] += 1
+            words.store(k, consumed[k])
+            got += 1
+        assert (seen == 1).all(), f"lost: {np.flatnonzero(seen == 0)[:10]}, duplicated: {np.flatnonzero(seen > 1)[:10]}"
+        assert q.try_pop() is None and len(q) == 0
+        for p in procs:
+            p.join(10)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+            p.close()
+        del payload
+        for obj in (q, words):
+            if obj is not None:
+                obj.release()
+        shm.close()
+        shm.unlink()
+
+
+def _push_later(name: str, delay: float, value: int) -> None:
+    shm = SharedMemory(name=name)
+    q = IndexQueue(shm.buf, 0, 8, False)
+    try:
+        time.sleep(delay)
+        q.push(value)
+    finally:
+        q.release()
+        shm.close()
+
+
+@pytest.mark.parametrize("spin", [0.0, 1e-3])
+def test_sleeping_consumer_is_woken_by_another_process(spin):
+    shm = SharedMemory(name=f"shmvec_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=queue_bytes(8))
+    q = None
+    proc = mp.get_context("fork").Process(target=_push_later, args=(shm.name, 0.3, 12345))
+    try:
+        q = IndexQueue(shm.buf, 0, 8, True)
+        proc.start()
+        t0 = time.monotonic()
+        assert q.pop(30.0, spin) == 12345
+        assert 0.2 < time.monotonic() - t0 < 10.0  # it waited, and was woken, not timed out
+    finally:
+        proc.join(10)
+        proc.close()
+        if q is not None:
+            q.release()
+        shm.close()
+        shm.unlink()
+
+
+def test_single_process_semantics_and_wraparound():
+    mv = np.zeros(queue_bytes(4) // 8 + 16, dtype=np.int64)  # room to pick a 64-byte aligned offset
+    raw = memoryview(mv).cast("B")
+    offset = (-mv.ctypes.data) % 64
+    q = IndexQueue(raw, offset, 4, True)
+    try:
+        assert q.capacity == 4 and len(q) == 0
+        assert q.try_pop() is None
+        t0 = time.monotonic()
+        assert q.pop(0.05) is None and time.monotonic() - t0 >= 0.04
+        for lap in range(10):  # the positions wrap around the ring many times; order is FIFO
+            values = [lap * 10 + j for j in range(1 + lap % 4)]
+            for v in values:
+                q.push(v)
+            assert len(q) == len(values)
+            assert [q.pop(1.0) for _ in values] == values
+        q.push(0)
+        q.push(QUEUE_MAX_VALUE)
+        assert q.try_pop() == 0 and q.try_pop() == QUEUE_MAX_VALUE
+        with pytest.raises(ValueError):
+            q.push(QUEUE_MAX_VALUE + 1)
+        other = IndexQueue(raw, offset, 4, False)  # attach to the same bytes
+        q.push(9)
+        assert other.try_pop() == 9
+        other.release()
+        with pytest.raises(ValueError, match="capacity 4, not 8"):
+            IndexQueue(raw, offset, 8, False)
+    finally:
+        q.release()
+    with pytest.raises(ValueError):
+        q.push(1)
+    for bad in (0, 3, 6):
+        with pytest.raises(ValueError, match="power of two"):
+            queue_bytes(bad)
+    assert queue_capacity_for(5) == 8 and queue_capacity_for(8) == 8 and queue_capacity_for(1) == 1
+    with pytest.raises(ValueError, match="aligned"):
+        IndexQueue(raw, offset + 4, 4, True)
+    with pytest.raises(ValueError, match="outside"):
+        IndexQueue(raw, len(raw) - 8, 4, True)
