@@ -119,6 +119,7 @@ class Cmd(enum.IntEnum):
     RESET = 2
     PIPE = 3
     CLOSE = 4
+    POOL = 5  # serve the asynchronous pool until STOP (shmvec._pool)
 
 
 class Status(enum.IntEnum):

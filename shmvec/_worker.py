@@ -134,6 +134,7 @@ class _Worker:
         self.step_body = {P.AUTORESET_SAME_STEP: self._step, P.AUTORESET_NEXT_STEP: self._step_next_reset,
                           P.AUTORESET_DISABLED: self._step_no_reset}[autoreset]
         self.finished = [False] * (self.stop - self.start)  # NEXT_STEP: envs to reset on the next step
+        self.pool: Any = None  # the asynchronous pool's server (shmvec._pool), once attached
 
     # ---- set-up --------------------------------------------------------------------------------
     def attach(self, shm_name: str, n_envs: int, n_workers: int, mailbox_bytes: int) -> None:
@@ -161,6 +162,9 @@ class _Worker:
         self.seen = self.words.load(P.word(self.index, P.CMD_SEQ))
 
     def detach(self) -> None:
+        if self.pool is not None:
+            self.pool.detach()
+            self.pool = None
         self.read_actions = self.write_obs = self.write_term = None  # type: ignore[assignment]
         self.rew = self.terminated = self.truncated = None  # type: ignore[assignment]
         if getattr(self, "mailbox", None) is not None:
@@ -204,6 +208,8 @@ class _Worker:
                 self._sync_command(seen, "step", self.step_body)
             elif cmd == P.Cmd.RESET:
                 self._sync_command(seen, "reset", self._reset)
+            elif cmd == P.Cmd.POOL:
+                self._sync_command(seen, "pool", self.pool.run)
             elif cmd == P.Cmd.PIPE:
                 self._pipe_command()
             elif cmd == P.Cmd.CLOSE:
@@ -386,6 +392,11 @@ class _Worker:
                 out.append(_is_wrapped(env, args[1]))
             elif name == "render":
                 out.append(env.render())
+            elif name == "pool_attach":  # once per worker: attach the pool's segment (shmvec._pool)
+                from shmvec._pool import PoolServer
+
+                self.pool = PoolServer(self, *args[1:])
+                out.append(None)
             else:
                 raise ShmVecEnvError(f"unknown command {name!r}")
         return out
