@@ -12,6 +12,9 @@ __all__ = [
     "ShmVecEnv",
     "ShmVectorEnv",
     "make_vec",
+    "ShmEnvPool",
+    "ShmVecEnvPool",
+    "PoolReplayBuffer",
     "ShmVecEnvError",
     "WorkerDiedError",
     "WorkerTimeoutError",
@@ -39,6 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from shmvec.shm_vec_env import ShmVecEnv
     from shmvec.shm_vector_env import ShmVectorEnv, make_vec
+    from shmvec.env_pool import ShmEnvPool
+    from shmvec.vec_env_pool import PoolReplayBuffer, ShmVecEnvPool
 
 
 def __getattr__(name: str) -> Any:
@@ -50,6 +55,14 @@ def __getattr__(name: str) -> Any:
         from shmvec import shm_vector_env
 
         return getattr(shm_vector_env, name)
+    if name == "ShmEnvPool":
+        from shmvec.env_pool import ShmEnvPool
+
+        return ShmEnvPool
+    if name in ("ShmVecEnvPool", "PoolReplayBuffer"):
+        from shmvec import vec_env_pool
+
+        return getattr(vec_env_pool, name)
     if name in __all__:
         from shmvec import _errors
 

@@ -33,7 +33,7 @@ from gymnasium.vector.utils import batch_space
 from shmvec import _pool
 from shmvec import _protocol as P
 from shmvec._core import IndexQueue
-from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, ShmVecEnvError, WorkerTimeoutError
+from shmvec._errors import ClosedVecEnvError, ShmVecEnvError, WorkerTimeoutError
 from shmvec._layout import close_mapping, make_gather
 from shmvec.shm_vector_env import _Engine
 
@@ -366,12 +366,12 @@ class ShmEnvPool:
             self._stop_workers()
             self._engine._complete("pool")  # type: ignore[union-attr]
 
-    def _paused_call(self, name: str, args: tuple) -> tuple[Any, ...]:
+    def _paused_call(self, name: str, args: tuple, indices: list[int] | None = None) -> tuple[Any, ...]:
         engine = self._usable()
         running = self._running
         self._stop()
         try:
-            return tuple(engine._pipe_call(name, None, args))
+            return tuple(engine._pipe_call(name, indices, args))
         finally:
             if running and engine._broken is None:
                 self._start()

@@ -15,7 +15,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import poolenvs
 import testenvs
-from helpers import assert_same
+from helpers import assert_same, close_all
 from shmvec import BrokenVecEnvError, ShmVecEnvError, WorkerDiedError
 from shmvec._errors import ClosedVecEnvError
 from shmvec.env_pool import ShmEnvPool
@@ -199,3 +199,81 @@ def test_env_error_and_dead_worker():
                 pool.recv()
     finally:
         pool.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The SB3 entry point
+# ---------------------------------------------------------------------------------------------
+
+def test_sb3_pool_with_full_batch_equals_dummy_vec_env():
+    """batch_size == num_envs: synchronous, rows in env order, DummyVecEnv step for step."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from shmvec.vec_env_pool import ShmVecEnvPool
+
+    fns = testenvs.spaces_env_fns("dict", "discrete", 5)
+    ref = DummyVecEnv(fns)
+    env = ShmVecEnvPool(fns, n_workers=2, start_method="fork")
+    try:
+        assert env.num_envs == 5 and env.pool_size == 5
+        ref.seed(3)
+        env.seed(3)
+        assert_same(env.reset(), ref.reset(), "reset", strict_dtype=True)
+        rng = np.random.default_rng(0)
+        ended = 0
+        for t in range(60):
+            act = rng.integers(0, 3, size=5)
+            obs_r, rew_r, done_r, infos_r = ref.step(act)
+            obs_s, rew_s, done_s, infos_s = env.step(act)
+            assert_same(obs_s, obs_r, f"step {t} obs", strict_dtype=True)
+            assert_same(rew_s, rew_r, f"step {t} rewards", strict_dtype=True)
+            assert_same(done_s, done_r, f"step {t} dones", strict_dtype=True)
+            assert_same(infos_s, infos_r, f"step {t} infos", ignore=frozenset({"env_id", "pool_obs", "pool_action"}))
+            assert [info["env_id"] for info in infos_s] == [0, 1, 2, 3, 4]
+            ended += int(done_r.sum())
+        assert ended > 0
+        assert env.get_attr("tag") == [0, 1, 2, 3, 4]
+        assert env.env_method("bump", 3, indices=[1, 3]) == [3, 3]
+        env.set_attr("scale", 2.0, indices=[0])
+        assert env.get_attr("scale") == [2.0, 1.0, 1.0, 1.0, 1.0]
+        assert env.env_is_wrapped(testenvs.TimeLimit) == [True] * 5
+    finally:
+        close_all(env, ref)
+
+
+def _transition_errors(obs, next_obs, action, reward) -> int:
+    """Transitions of CounterEnv that cannot have happened (stitched from different envs)."""
+    tag, t = obs[:, 0], obs[:, 1]
+    ok = (next_obs[:, 0] == tag) & (next_obs[:, 1] == t + 1) & np.isclose(reward, 10 * tag + t + 0.25 * action)
+    return int((~ok).sum())
+
+
+@pytest.mark.parametrize("buffer", ["pool", "plain"])
+def test_sb3_dqn_stores_true_transitions_only_with_pool_replay_buffer(buffer):
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    from shmvec.vec_env_pool import PoolReplayBuffer, ShmVecEnvPool
+
+    env = ShmVecEnvPool([functools.partial(poolenvs.make_counter_env, i) for i in range(8)], batch_size=3,
+                        n_workers=2, start_method="fork")
+    try:
+        model = DQN("MlpPolicy", env, learning_starts=10_000, buffer_size=2000, seed=0, device="cpu",
+                    replay_buffer_class=PoolReplayBuffer if buffer == "pool" else ReplayBuffer)
+        model.learn(600)
+        rb = model.replay_buffer
+        n = rb.pos
+        assert n > 150
+        obs = rb.observations[:n].reshape(-1, 2)
+        nxt = rb.next_observations[:n].reshape(-1, 2)
+        act = rb.actions[:n].reshape(-1)
+        rew = rb.rewards[:n].reshape(-1)
+        done = rb.dones[:n].reshape(-1).astype(bool)
+        errors = _transition_errors(obs, nxt, act, rew)
+        if buffer == "pool":
+            assert errors == 0
+            assert done.sum() > 10
+        else:  # SB3's row-wise pairing stitches envs together: the reason for PoolReplayBuffer
+            assert errors > len(obs) // 4
+    finally:
+        env.close()
