@@ -12,8 +12,11 @@
  *
  *     word 0      capacity (a power of two), written once by init
  *     word 16     TAIL      producers' claim counter (one cache line)
+ *     word 17     PUBLISHED producers' count of filled slots
  *     word 32     HEAD      consumer's read counter (its own cache line)
- *     word 33     SLEEPERS  how many consumers sleep in FUTEX_WAIT (0 or 1)
+ *     word 33     SLEEPERS  1 while the consumer sleeps on a slot (pop)
+ *     word 34     WANT      the PUBLISHED value the consumer waits for (wait_count)
+ *     word 35     COUNT_SLEEPERS  1 while the consumer sleeps on PUBLISHED
  *     word 48 + k SLOT[k]   0 = empty, else value + 1
  *
  * Concurrency contract and memory ordering
@@ -30,6 +33,18 @@
  *   4. wake_sleepers(SLOT, SLEEPERS)       (seq_cst fence, then FUTEX_WAKE only
  *      if the consumer counted itself asleep: never a lost wake-up, see
  *      shmvec_wake_sleepers)
+ *   5. p <- fetch_add(PUBLISHED, 1) + 1 (seq_cst); fence; if COUNT_SLEEPERS > 0
+ *      and p has reached WANT (or the push is urgent): FUTEX_WAKE on PUBLISHED.
+ *      A consumer waiting for n values is woken once, by the push that makes
+ *      them n, not by every push.
+ * wait_count(n) (the consumer, before popping a batch):
+ *   WANT <- HEAD + n (seq_cst); then, if PUBLISHED - HEAD < n, waits on
+ *   PUBLISHED (spin, then sleep with COUNT_SLEEPERS counted).  No lost wake-up: if the producer
+ *   whose push completes the n reads COUNT_SLEEPERS as 0, the consumer's
+ *   increment comes later in the seq_cst order, so its FUTEX_WAIT sees the new
+ *   PUBLISHED and does not sleep; if it reads 1, it also reads the WANT stored
+ *   before that increment (or a later one, never an older one).  A stale,
+ *   smaller WANT only causes a spurious wake-up.
  * pop (only ever one consumer at a time):
  *   1. s <- SLOT[HEAD % capacity] (acquire); while s == 0 it waits on that
  *      slot's futex (spin, then sleep; with a timeout)
@@ -82,6 +97,18 @@ uint32_t shmvec_queue_capacity(const uint32_t *q);
 /* Appends `value` (<= SHMVEC_QUEUE_MAX_VALUE).  Any process, concurrently.
  * Returns SHMVEC_OK or SHMVEC_QUEUE_BAD_ARG. */
 int shmvec_queue_push(uint32_t *q, uint32_t value);
+
+/* As shmvec_queue_push, and always wakes a consumer in wait_count (for an
+ * error report that the consumer must see before its batch is complete). */
+int shmvec_queue_push_urgent(uint32_t *q, uint32_t value);
+
+/* Consumer only.  Returns SHMVEC_OK at once if at least `n` values are
+ * published and not popped; else waits once: until PUBLISHED changes (while
+ * spinning), or until woken by the push that completes the `n` or by an
+ * urgent push (asleep).  SHMVEC_OK therefore means "look again": the caller
+ * pops what is there and calls again for the rest.  Also SHMVEC_TIMEOUT,
+ * SHMVEC_INTERRUPTED or -errno. */
+int shmvec_queue_wait_count(uint32_t *q, uint32_t n, int64_t spin_ns, int64_t timeout_ns);
 
 /* Consumer only.  Takes the next value into *value: SHMVEC_OK, or
  * SHMVEC_QUEUE_EMPTY at once if the next slot is not filled yet. */

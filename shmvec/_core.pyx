@@ -148,7 +148,9 @@ from shmvec._queue_def cimport (
     shmvec_queue_init,
     shmvec_queue_pop,
     shmvec_queue_push,
+    shmvec_queue_push_urgent,
     shmvec_queue_size,
+    shmvec_queue_wait_count,
     shmvec_queue_try_pop,
 )
 
@@ -221,16 +223,40 @@ cdef class IndexQueue:
         """Values pushed and not yet popped (a snapshot)."""
         return shmvec_queue_size(self._q())
 
-    def push(self, uint32_t value):
-        """Appends ``value`` (0 <= value <= QUEUE_MAX_VALUE); safe from any process, concurrently."""
+    def push(self, uint32_t value, bint urgent=False):
+        """Appends ``value`` (0 <= value <= QUEUE_MAX_VALUE); safe from any process, concurrently.
+
+        ``urgent`` wakes a consumer in :meth:`wait_count` even if its batch is not complete.
+        """
         cdef uint32_t *q = self._q()
         cdef int rc
         if value > SHMVEC_QUEUE_MAX_VALUE:
             raise ValueError(f"value {value} exceeds QUEUE_MAX_VALUE")
         with nogil:
-            rc = shmvec_queue_push(q, value)
+            rc = shmvec_queue_push_urgent(q, value) if urgent else shmvec_queue_push(q, value)
         if rc < 0:
             raise OSError(-rc, "queue push failed")
+
+    def wait_count(self, uint32_t n, double timeout, double spin=0.0):
+        """True at once if ``n`` values are published and not popped; else waits (GIL released)
+        until woken by the push that completes the ``n`` or an urgent push (asleep: once per
+        batch, not once per value), or until any push (while spinning), and returns True:
+        pop what is there and call again for the rest.  False after ``timeout`` seconds or a
+        signal (its handler runs first).  Consumer only."""
+        cdef uint32_t *q = self._q()
+        cdef int64_t spin_ns = <int64_t>(spin * 1e9) if spin > 0 else 0
+        cdef int64_t timeout_ns = <int64_t>(timeout * 1e9) if timeout >= 0 else -1
+        cdef int rc
+        with nogil:
+            rc = shmvec_queue_wait_count(q, n, spin_ns, timeout_ns)
+        if rc == SHMVEC_OK:
+            return True
+        if rc == SHMVEC_TIMEOUT:
+            return False
+        if rc == SHMVEC_INTERRUPTED:
+            PyErr_CheckSignals()
+            return False
+        raise OSError(-rc, "queue wait failed")
 
     def try_pop(self):
         """The next value, or None if none is ready.  Consumer only."""

@@ -24,8 +24,9 @@ every worker enters :meth:`PoolServer.run` and stays there until it pops STOP.
              truncated, and its info slot and info length
           3. pushes i into the out queue (release: step 2 is visible to the parent
              that pops i)
-  parent  4. recv(): pops batch_size indices (acquire); reads their rows; unmarks
-             them.  It never writes a row of an env in flight, and a worker only
+  parent  4. recv(): waits until batch_size indices are published (woken once,
+             by the push that completes the batch), pops them (acquire); reads
+             their rows; unmarks them.  It never writes a row of an env in flight, and a worker only
              writes rows of envs it popped and has not pushed back yet.
 
 Stopping: the parent pushes STOP into every in queue; each worker, having
@@ -140,7 +141,7 @@ class PoolServer:
                 step(j, i)
             except BaseException:
                 worker.current = i
-                out_q.push(ERROR_BIT | worker.index)
+                out_q.push(ERROR_BIT | worker.index, True)  # urgent: wakes a waiting recv()
                 raise
             out_q.push(i)
 

@@ -11,6 +11,8 @@ cdef extern from "shmvec_queue.h" nogil:
     int shmvec_queue_init(uint32_t *q, uint32_t capacity)
     uint32_t shmvec_queue_capacity(const uint32_t *q)
     int shmvec_queue_push(uint32_t *q, uint32_t value)
+    int shmvec_queue_push_urgent(uint32_t *q, uint32_t value)
+    int shmvec_queue_wait_count(uint32_t *q, uint32_t n, int64_t spin_ns, int64_t timeout_ns)
     int shmvec_queue_try_pop(uint32_t *q, uint32_t *value)
     int shmvec_queue_pop(uint32_t *q, int64_t spin_ns, int64_t timeout_ns, uint32_t *value)
     uint32_t shmvec_queue_size(const uint32_t *q)

@@ -259,7 +259,11 @@ class ShmEnvPool:
         ids = []
         waited = 0.0
         while len(ids) < n:
-            v = out_q.pop(P.POLL_S, self._spin)
+            v = out_q.try_pop()
+            if v is None and out_q.wait_count(n - len(ids), P.POLL_S, self._spin):
+                v = out_q.try_pop()
+                if v is None:  # published, but an earlier slot is still being filled
+                    v = out_q.pop(P.POLL_S, self._spin)
             if v is None:
                 engine._check_workers_alive("pool recv")
                 waited += P.POLL_S

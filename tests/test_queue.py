@@ -179,3 +179,100 @@ def test_single_process_semantics_and_wraparound():
         IndexQueue(raw, offset + 4, 4, True)
     with pytest.raises(ValueError, match="outside"):
         IndexQueue(raw, len(raw) - 8, 4, True)
+
+
+def _push_values_later(name: str, delay: float, values: list[int], urgent: bool) -> None:
+    shm = SharedMemory(name=name)
+    q = IndexQueue(shm.buf, 0, 8, False)
+    try:
+        time.sleep(delay)
+        for v in values:
+            q.push(v, urgent)
+    finally:
+        q.release()
+        shm.close()
+
+
+@pytest.mark.parametrize("case", ["completing", "urgent", "not_completing"])
+def test_wait_count_is_woken_by_the_push_that_completes_the_batch(case):
+    """Asleep in wait_count(3): the push that makes 3 wakes it, as does an urgent push; a push
+    that leaves the batch short does not (the wait runs to its timeout)."""
+    values, urgent = {"completing": ([1, 2, 3], False), "urgent": ([7], True), "not_completing": ([1], False)}[case]
+    shm = SharedMemory(name=f"shmvec_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=queue_bytes(8))
+    q = None
+    proc = mp.get_context("fork").Process(target=_push_values_later, args=(shm.name, 1.0, values, urgent))
+    try:
+        q = IndexQueue(shm.buf, 0, 8, True)
+        assert q.wait_count(0, 0.0)  # nothing to wait for
+        proc.start()
+        timeout = 4.0 if case == "not_completing" else 30.0
+        t0 = time.monotonic()
+        while len(q) < len(values):  # (the queue's own count: the wait may return early and be called again)
+            q.wait_count(3, timeout)
+            if time.monotonic() - t0 > timeout:
+                break
+        elapsed = time.monotonic() - t0
+        if case == "not_completing":
+            assert elapsed >= 3.0, "a push that did not complete the batch woke the consumer"
+        else:
+            assert elapsed < 20.0
+        assert [q.try_pop() for _ in values] == values
+        assert q.try_pop() is None
+    finally:
+        proc.join(10)
+        proc.close()
+        if q is not None:
+            q.release()
+        shm.close()
+        shm.unlink()
+
+
+def _batch_producer(name: str, k: int, n_producers: int, n: int) -> None:
+    _producer(name, k, n_producers, n, time.monotonic())
+
+
+def test_batched_consumer_many_producers():
+    """The pool's recv() pattern: wait_count for a batch, then try_pop; no value lost or doubled."""
+    n_producers, n_per = 4, 1500
+    n_values = n_producers * n_per
+    words_offset, payload_offset, nbytes = _layout(n_producers, n_values)
+    shm = SharedMemory(name=f"shmvec_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=nbytes)
+    procs, q, words, payload = [], None, None, None
+    try:
+        shm.buf[:nbytes] = bytes(nbytes)
+        q = IndexQueue(shm.buf, 0, CAPACITY, True)
+        words = Words(shm.buf, words_offset, 64)
+        payload = np.frombuffer(shm.buf, dtype=np.int64, count=n_values, offset=payload_offset)
+        procs = [mp.get_context("fork").Process(target=_batch_producer, args=(shm.name, k, n_producers, n_per))
+                 for k in range(n_producers)]
+        for p in procs:
+            p.start()
+        seen = np.zeros(n_values, dtype=np.int64)
+        consumed = [0] * n_producers
+        got, deadline = 0, time.monotonic() + 120
+        while got < n_values:
+            batch = min(5, n_values - got)
+            q.wait_count(batch, 0.5)
+            assert time.monotonic() < deadline, f"only {got} of {n_values} values arrived"
+            while (v := q.try_pop()) is not None:
+                assert payload[v] == 7 * v + 3
+                seen[v] += 1
+                consumed[v % n_producers] += 1
+                words.store(v % n_producers, consumed[v % n_producers])
+                got += 1
+        assert (seen == 1).all()
+        for p in procs:
+            p.join(10)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+            p.close()
+        del payload
+        for obj in (q, words):
+            if obj is not None:
+                obj.release()
+        shm.close()
+        shm.unlink()
