@@ -74,6 +74,10 @@ The parent sends ``(name, args)`` on worker w's pipe, then CMD[w] <- PIPE and
 bumps CMD_SEQ[w] (a sleeping worker waits on the futex, not on the pipe).  The
 worker receives, runs it, and answers on the pipe.  PENDING is not used.
 
+POOL (the asynchronous pool, shmvec._pool): a synchronous command like STEP
+whose body serves single envs from the worker's in queue until it pops STOP;
+its completion (steps 5-8 above) happens when the pool stops.
+
 CLOSE: CMD[w] <- CLOSE and bump; the worker closes its envs, sends a last
 message (None, or the first exception) and exits.
 
