@@ -43,9 +43,9 @@ class CounterEnv(gym.Env):
     reward names the env, the time step and the action.  The step time is random (mean ``mean_s``).
     """
 
-    def __init__(self, tag: int = 0, mean_s: float = 0.0005) -> None:
+    def __init__(self, tag: int = 0, mean_s: float = 0.0005, box: bool = False) -> None:
         self.observation_space = spaces.Box(0.0, 1000.0, shape=(2,), dtype=np.float32)
-        self.action_space = spaces.Discrete(3)
+        self.action_space = spaces.Box(-2.0, 2.0, shape=(1,), dtype=np.float32) if box else spaces.Discrete(3)
         self.tag = tag
         self.mean_s = mean_s
         self._t = 0
@@ -61,10 +61,10 @@ class CounterEnv(gym.Env):
 
     def step(self, action):
         time.sleep(float(self._delays.exponential(self.mean_s)))
-        reward = 10.0 * self.tag + self._t + 0.25 * int(action)
+        reward = 10.0 * self.tag + self._t + 0.25 * float(np.sum(action))
         self._t += 1
         return self._obs(), reward, self._t >= 4 + self.tag % 3, False, {}
 
 
-def make_counter_env(index: int = 0, mean_s: float = 0.0005) -> gym.Env:
-    return CounterEnv(index, mean_s)
+def make_counter_env(index: int = 0, mean_s: float = 0.0005, box: bool = False) -> gym.Env:
+    return CounterEnv(index, mean_s, box)

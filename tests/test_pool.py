@@ -277,3 +277,27 @@ def test_sb3_dqn_stores_true_transitions_only_with_pool_replay_buffer(buffer):
             assert errors > len(obs) // 4
     finally:
         env.close()
+
+
+def test_sb3_sac_box_actions_are_stored_scaled_and_paired():
+    """Box actions: PoolReplayBuffer stores each env's own action scaled to [-1, 1] as SB3 does."""
+    from stable_baselines3 import SAC
+
+    from shmvec.vec_env_pool import PoolReplayBuffer, ShmVecEnvPool
+
+    env = ShmVecEnvPool([functools.partial(poolenvs.make_counter_env, i, 0.0005, True) for i in range(6)],
+                        batch_size=2, n_workers=2, start_method="fork")
+    try:
+        model = SAC("MlpPolicy", env, learning_starts=10_000, buffer_size=1000, seed=0, device="cpu",
+                    replay_buffer_class=PoolReplayBuffer)
+        model.learn(300)
+        rb = model.replay_buffer
+        n = rb.pos
+        assert n > 100
+        scaled = rb.actions[:n].reshape(-1)
+        assert np.abs(scaled).max() <= 1.0 + 1e-6 and np.abs(scaled).max() > 0.5
+        errors = _transition_errors(rb.observations[:n].reshape(-1, 2), rb.next_observations[:n].reshape(-1, 2),
+                                    2.0 * scaled, rb.rewards[:n].reshape(-1))
+        assert errors == 0
+    finally:
+        env.close()
