@@ -147,6 +147,7 @@ class ShmEnvPool:
         self.render_mode = engine.render_mode
         self._in_flight = np.zeros(self.num_envs, dtype=np.bool_)
         self._pending_infos: dict[int, Any] = {}
+        self._partial: list[int] = []
         self._running = False
         self._starts = [sl.start for sl in engine.slices]
         self._spin = engine._parent_spin
@@ -193,6 +194,7 @@ class ShmEnvPool:
         self._stop()
         while self._out_q.try_pop() is not None:  # results nobody will receive
             pass
+        self._partial = []
         results = engine._reset_workers(seeds, [options] * self.num_envs)
         self._pending_infos = {}
         for items in results:
@@ -256,7 +258,7 @@ class ShmEnvPool:
                 f"recv() with {in_flight} envs in flight, fewer than batch_size={n}: send() actions first"
             )
         out_q = self._out_q
-        ids = []
+        ids = self._partial  # kept across calls: a recv() interrupted (Ctrl-C) loses no env
         waited = 0.0
         while len(ids) < n:
             v = out_q.try_pop()
@@ -281,6 +283,7 @@ class ShmEnvPool:
                 raise ShmVecEnvError(f"worker {v & ~_pool.ERROR_BIT} reported an error that it did not send")
             waited = 0.0
             ids.append(v)
+        self._partial = []
         idx = np.asarray(ids, dtype=np.int64)
         self._in_flight[idx] = False
         return self._rows(engine, idx)
@@ -317,10 +320,11 @@ class ShmEnvPool:
         engine, self._engine = self._engine, None
         try:
             if engine is not None:
-                if self._running and engine._broken is None:
+                if self._running:
                     try:
-                        self._stop_workers()
-                        engine._complete("pool", deadline_s=_CLOSE_S)
+                        self._stop_workers()  # workers still serving the pool then see CLOSE
+                        if engine._broken is None:
+                            engine._complete("pool", deadline_s=_CLOSE_S)
                     except BaseException:
                         pass  # close() below terminates what did not stop
                 self._running = False

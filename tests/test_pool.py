@@ -301,3 +301,43 @@ def test_sb3_sac_box_actions_are_stored_scaled_and_paired():
         assert errors == 0
     finally:
         env.close()
+
+
+class _Alarm(Exception):
+    pass
+
+
+def test_interrupted_recv_loses_no_env_and_timeout_is_reported():
+    import signal
+
+    from shmvec import WorkerTimeoutError
+
+    fns = [functools.partial(testenvs.make_sleepy_env, 0.0), functools.partial(testenvs.make_sleepy_env, 1.0)]
+    pool = ShmEnvPool(fns, batch_size=2, n_workers=2, start_method="fork")
+
+    def on_alarm(signum, frame):
+        raise _Alarm()
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        pool.reset()
+        pool.send(np.zeros(2, dtype=np.int64), [0, 1])
+        signal.setitimer(signal.ITIMER_REAL, 0.4)  # env 0 is back by then, env 1 sleeps 1 s
+        with pytest.raises(_Alarm):
+            pool.recv()
+        infos = pool.recv()[4]  # the same recv goes on: env 0's result was kept
+        assert sorted(infos["env_id"].tolist()) == [0, 1]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        pool.close()
+    pool = ShmEnvPool([functools.partial(testenvs.make_sleepy_env, 60.0)] * 2, batch_size=1, n_workers=2,
+                      start_method="fork", timeout=0.5)
+    try:
+        pool.reset()
+        pool.recv()
+        pool.send(np.zeros(2, dtype=np.int64))
+        with pytest.raises(WorkerTimeoutError, match="did not finish within 0.5 s"):
+            pool.recv()
+    finally:
+        pool.close()  # terminates the sleeping workers
