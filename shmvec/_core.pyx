@@ -237,6 +237,22 @@ cdef class IndexQueue:
         if rc < 0:
             raise OSError(-rc, "queue push failed")
 
+    def push_many(self, const uint32_t[::1] values):
+        """Appends every value of a contiguous uint32 array, in order, without the GIL."""
+        cdef uint32_t *q = self._q()
+        cdef Py_ssize_t k, n = values.shape[0]
+        cdef int rc = 0
+        for k in range(n):
+            if values[k] > SHMVEC_QUEUE_MAX_VALUE:
+                raise ValueError(f"value {values[k]} exceeds QUEUE_MAX_VALUE")
+        with nogil:
+            for k in range(n):
+                rc = shmvec_queue_push(q, values[k])
+                if rc < 0:
+                    break
+        if rc < 0:
+            raise OSError(-rc, "queue push failed")
+
     def wait_count(self, uint32_t n, double timeout, double spin=0.0):
         """True at once if ``n`` values are published and not popped; else waits (GIL released)
         until woken by the push that completes the ``n`` or an urgent push (asleep: once per

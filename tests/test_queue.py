@@ -276,3 +276,63 @@ def test_batched_consumer_many_producers():
                 obj.release()
         shm.close()
         shm.unlink()
+
+
+BIG_CAPACITY = 1 << 17
+BURST = 40_000  # values per producer, pushed from C without the GIL: the claims really collide
+
+
+def _burst_producer(name: str, k: int, n_producers: int, start_at: float) -> None:
+    shm = SharedMemory(name=name)
+    q = IndexQueue(shm.buf, 0, BIG_CAPACITY, False)
+    try:
+        values = np.arange(k, n_producers * BURST, n_producers, dtype=np.uint32)
+        while time.monotonic() < start_at:
+            pass
+        q.push_many(values)
+    finally:
+        q.release()
+        shm.close()
+
+
+def test_burst_of_concurrent_pushes_from_c():
+    """Producers push as fast as C goes while the consumer drains: every claim is distinct."""
+    n_producers = 3
+    n_values = n_producers * BURST
+    shm = SharedMemory(name=f"shmvec_{os.getpid()}_{secrets.token_hex(4)}", create=True,
+                       size=queue_bytes(BIG_CAPACITY))
+    procs, q = [], None
+    try:
+        q = IndexQueue(shm.buf, 0, BIG_CAPACITY, True)
+        start_at = time.monotonic() + 0.5
+        procs = [mp.get_context("fork").Process(target=_burst_producer, args=(shm.name, k, n_producers, start_at))
+                 for k in range(n_producers)]
+        for p in procs:
+            p.start()
+        seen = np.zeros(n_values, dtype=np.int64)
+        last = [-1] * n_producers
+        out_of_order = 0
+        got, deadline = 0, time.monotonic() + 120
+        while got < n_values:
+            v = q.pop(0.5)
+            if v is None:
+                assert time.monotonic() < deadline, f"only {got} of {n_values} values arrived"
+                continue
+            seen[v] += 1
+            out_of_order += v < last[v % n_producers]  # each producer's values come out in its order
+            last[v % n_producers] = v
+            got += 1
+        assert (seen == 1).all(), f"duplicated: {np.flatnonzero(seen > 1)[:10]}"
+        assert out_of_order == 0
+        assert q.try_pop() is None
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+            p.close()
+        if q is not None:
+            q.release()
+        shm.close()
+        shm.unlink()
