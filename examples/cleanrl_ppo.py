@@ -6,7 +6,7 @@ It uses Gymnasium's default NEXT_STEP autoreset: the step after an episode ends 
 that env (its action is ignored), so that transition is masked out of the loss, and a
 truncated episode is bootstrapped from the value of its last observation.
 
-    python examples/cleanrl_ppo.py --total-timesteps 100000      # CartPole-v1 reaches ~500
+    python examples/cleanrl_ppo.py --total-timesteps 60000       # mean return ~250 here (from ~20)
     python examples/cleanrl_ppo.py --total-timesteps 2048 --num-steps 64   # a smoke run
 """
 

@@ -100,8 +100,12 @@ class ShmEnvPool:
     :raises ValueError: a bad ``batch_size`` or autoreset mode.
     """
 
+    # Class-level defaults: close() and __del__ are safe on a half-built object.
     _engine: _Engine | None = None
     _pres: _PoolResources | None = None
+    _running = False
+    _out_q: IndexQueue | None = None
+    _in_qs: list = []
     closed = True
 
     def __init__(
