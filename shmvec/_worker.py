@@ -132,7 +132,7 @@ class _Worker:
             raise ValueError(f"unknown autoreset mode {autoreset!r}, expected one of {P.AUTORESET_MODES}")
         self.autoreset = autoreset
         self.step_body = {P.AUTORESET_SAME_STEP: self._step, P.AUTORESET_NEXT_STEP: self._step_next_reset,
-                          P.AUTORESET_DISABLED: self._step_no_reset}[autoreset]
+                          P.AUTORESET_DISABLED: self._step_next_reset}[autoreset]
         self.finished = [False] * (self.stop - self.start)  # NEXT_STEP: envs to reset on the next step
         self.pool: Any = None  # the asynchronous pool's server (shmvec._pool), once attached
 
@@ -280,9 +280,11 @@ class _Worker:
 
     def _step_next_reset(self) -> list:
         """NEXT_STEP autoreset: an env that finished on the previous step is reset, not stepped
-        (its action is ignored, its reward is 0 and its flags False; its info is the reset info)."""
+        (its action is ignored, its reward is 0 and its flags False; its info is the reset info).
+        DISABLED: the same, but nothing is marked finished (the parent resets ended envs)."""
         start = self.start
         write_obs, finished = self.write_obs, self.finished
+        next_step = self.autoreset == P.AUTORESET_NEXT_STEP
         rews, terms, truncs, items = [], [], [], []
         i = start
         try:
@@ -292,31 +294,7 @@ class _Worker:
                     rew, term, trunc = 0.0, False, False
                 else:
                     obs, rew, term, trunc, info = env.step(action)
-                finished[j] = bool(term or trunc)
-                rews.append(rew)
-                terms.append(term)
-                truncs.append(trunc)
-                if info:
-                    items.append((i, info, None))
-                write_obs(i, obs)
-                i += 1
-        except BaseException:
-            self.current = i
-            raise
-        self.rew[start:self.stop] = rews
-        self.terminated[start:self.stop] = terms
-        self.truncated[start:self.stop] = truncs
-        return items
-
-    def _step_no_reset(self) -> list:
-        """DISABLED autoreset: every env is stepped; the parent makes sure finished ones were reset."""
-        start = self.start
-        write_obs = self.write_obs
-        rews, terms, truncs, items = [], [], [], []
-        i = start
-        try:
-            for env, action in zip(self.envs, self.read_actions()):
-                obs, rew, term, trunc, info = env.step(action)
+                finished[j] = next_step and bool(term or trunc)
                 rews.append(rew)
                 terms.append(term)
                 truncs.append(trunc)
