@@ -89,7 +89,7 @@ class PoolLayout:
 
 
 class InfoTooLargeError(ValueError):
-    pass
+    """An env's pickled info does not fit the pool's per-env slot (``info_bytes``)."""
 
 
 class PoolServer:

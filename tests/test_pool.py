@@ -341,3 +341,17 @@ def test_interrupted_recv_loses_no_env_and_timeout_is_reported():
             pool.recv()
     finally:
         pool.close()  # terminates the sleeping workers
+
+
+def test_info_larger_than_its_slot_names_the_env():
+    from shmvec._pool import InfoTooLargeError
+
+    fns = [functools.partial(testenvs.make_big_info_env, i) for i in range(2)]
+    pool = ShmEnvPool(fns, batch_size=2, n_workers=1, start_method="fork", info_bytes=64)
+    try:
+        pool.reset()
+        with pytest.raises(InfoTooLargeError, match=r"info of env \d takes \d+ bytes.*info_bytes=64"):
+            for _ in range(20):
+                pool.step(np.zeros(2, dtype=np.int64), [0, 1])
+    finally:
+        pool.close()
