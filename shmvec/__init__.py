@@ -25,7 +25,17 @@ __all__ = [
     "SpaceError",
     "ObservationError",
     "RemoteEnvError",
+    "make_env",
+    "EnvFactory",
+    "rebuild",
+    "set_forkserver_preload",
+    "spawn_seeds",
+    "UnpicklableFactoryError",
+    "DescriptionError",
 ]
+
+_FACTORY_NAMES = frozenset({"make_env", "EnvFactory", "rebuild", "set_forkserver_preload", "spawn_seeds",
+                            "UnpicklableFactoryError", "DescriptionError"})
 
 if TYPE_CHECKING:  # pragma: no cover
     from shmvec._errors import (
@@ -39,6 +49,15 @@ if TYPE_CHECKING:  # pragma: no cover
         SpaceError,
         WorkerDiedError,
         WorkerTimeoutError,
+    )
+    from shmvec.factories import (
+        DescriptionError,
+        EnvFactory,
+        UnpicklableFactoryError,
+        make_env,
+        rebuild,
+        set_forkserver_preload,
+        spawn_seeds,
     )
     from shmvec.shm_vec_env import ShmVecEnv
     from shmvec.shm_vector_env import ShmVectorEnv, make_vec
@@ -63,6 +82,10 @@ def __getattr__(name: str) -> Any:
         from shmvec import vec_env_pool
 
         return getattr(vec_env_pool, name)
+    if name in _FACTORY_NAMES:
+        from shmvec import factories
+
+        return getattr(factories, name)
     if name in __all__:
         from shmvec import _errors
 

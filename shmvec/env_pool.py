@@ -95,7 +95,8 @@ class ShmEnvPool:
         ``batch_size`` envs must be in flight when ``recv`` is called.
     :param autoreset_mode: ``AutoresetMode.NEXT_STEP`` or ``SAME_STEP``.
     :param info_bytes: room per env for its pickled info (a larger info raises in the worker).
-    :param n_workers, start_method, worker_threads, timeout, spin_us: as for :class:`shmvec.ShmVecEnv`.
+    :param n_workers, start_method, worker_threads, timeout, spin_us: as for :class:`shmvec.ShmVecEnv`;
+        so are further keyword arguments (``envs_per_worker``, ``cpu_affinity``, ``preload``, ...).
 
     :raises ValueError: a bad ``batch_size`` or autoreset mode.
     """
@@ -119,6 +120,7 @@ class ShmEnvPool:
         worker_threads: int | None = 1,
         timeout: float | None = None,
         spin_us: float | tuple[float, float] | None = None,
+        **engine_kwargs: Any,
     ) -> None:
         env_fns = list(env_fns)
         mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
@@ -132,7 +134,7 @@ class ShmEnvPool:
         worker_mode = P.AUTORESET_NEXT_STEP if mode == AutoresetMode.NEXT_STEP else P.AUTORESET_SAME_STEP
         self._engine = engine = _Engine(
             env_fns, worker_mode, n_workers=n_workers, start_method=start_method, copy=True,
-            worker_threads=worker_threads, timeout=timeout, spin_us=spin_us,
+            worker_threads=worker_threads, timeout=timeout, spin_us=spin_us, **engine_kwargs,
         )
         self.closed = False
         try:

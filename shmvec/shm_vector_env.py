@@ -77,7 +77,8 @@ class ShmVectorEnv(VectorEnv):
     :param copy: when True (default), observations returned are arrays of their own; when False
         they are views of the shared buffers that **the next step overwrites**.
     :param n_workers, start_method, worker_threads, timeout, spin_us, mailbox_bytes: as for
-        :class:`shmvec.ShmVecEnv`.
+        :class:`shmvec.ShmVecEnv`; so are further keyword arguments (``envs_per_worker``,
+        ``cpu_affinity``, ``preload``, ...).
 
     :raises TypeError: ``env_fns`` holds something that is not callable.
     :raises ValueError: an unknown ``autoreset_mode``.
@@ -98,6 +99,7 @@ class ShmVectorEnv(VectorEnv):
         timeout: float | None = None,
         spin_us: float | tuple[float, float] | None = None,
         mailbox_bytes: int = P.MAILBOX_BYTES,
+        **engine_kwargs: Any,
     ) -> None:
         self.autoreset_mode = (
             autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
@@ -106,7 +108,7 @@ class ShmVectorEnv(VectorEnv):
         self._engine = _Engine(
             env_fns, _WORKER_MODE[self.autoreset_mode], n_workers=n_workers, start_method=start_method,
             copy=copy, worker_threads=worker_threads, timeout=timeout, spin_us=spin_us,
-            mailbox_bytes=mailbox_bytes,
+            mailbox_bytes=mailbox_bytes, **engine_kwargs,
         )
         engine = self._engine
         self.num_envs = engine.num_envs
