@@ -70,6 +70,7 @@ class CrashEnv(testenvs.SpacesEnv):
         self.once = once
         self.steps = 0
         self.resets = 0
+        self.nap_s = 0.0  # a slow step, to kill a worker in the middle of one
 
     def _maybe_crash(self, where: str, count: int) -> None:
         if self.at is None or where != self.where or count < self.at:
@@ -89,7 +90,13 @@ class CrashEnv(testenvs.SpacesEnv):
     def step(self, action):
         self.steps += 1
         self._maybe_crash("step", self.steps)
+        if self.nap_s:
+            time.sleep(self.nap_s)
         return super().step(action)
+
+    def set_nap(self, seconds: float) -> None:
+        """Through env_method (set_attr would set the attribute on the TimeLimit wrapper)."""
+        self.nap_s = seconds
 
     @property
     def explode(self) -> int:
