@@ -20,6 +20,10 @@ __all__ = [
     "SpaceError",
     "ObservationError",
     "RemoteEnvError",
+    "TooManyRestartsError",
+    "InvalidActionError",
+    "WorkerRestartWarning",
+    "InvalidActionWarning",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,12 +31,16 @@ if TYPE_CHECKING:  # pragma: no cover
         AlreadyPendingCallError,
         BrokenVecEnvError,
         ClosedVecEnvError,
+        InvalidActionError,
+        InvalidActionWarning,
         NoAsyncCallError,
         ObservationError,
         RemoteEnvError,
         ShmVecEnvError,
         SpaceError,
+        TooManyRestartsError,
         WorkerDiedError,
+        WorkerRestartWarning,
         WorkerTimeoutError,
     )
     from shmvec.shm_vec_env import ShmVecEnv
