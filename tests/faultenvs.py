@@ -62,8 +62,8 @@ class CrashEnv(testenvs.SpacesEnv):
     """
 
     def __init__(self, index: int = 0, at: int | None = None, how: str = "kill", where: str = "step",
-                 once: str | None = None) -> None:
-        super().__init__("box", "discrete", term_prob=0.0, info_every=10**9, tag=index)
+                 once: str | None = None, obs_kind: str = "box") -> None:
+        super().__init__(obs_kind, "discrete", term_prob=0.0, info_every=10**9, tag=index)
         self.at = at
         self.how = how
         self.where = where
@@ -108,8 +108,8 @@ class CrashEnv(testenvs.SpacesEnv):
 
 
 def make_crash_env(index: int = 0, at: int | None = None, how: str = "kill", where: str = "step",
-                   once: str | None = None, max_steps: int = 25) -> gym.Env:
-    return gym.wrappers.TimeLimit(CrashEnv(index, at, how, where, once), max_episode_steps=max_steps)
+                   once: str | None = None, max_steps: int = 25, obs_kind: str = "box") -> gym.Env:
+    return gym.wrappers.TimeLimit(CrashEnv(index, at, how, where, once, obs_kind), max_episode_steps=max_steps)
 
 
 class FlakyFactoryError(Exception):

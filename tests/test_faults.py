@@ -386,6 +386,35 @@ def test_restart_after_crash_or_exception_in_step(fault, tmp_path):
                       once=str(tmp_path / "crashed-once"))
 
 
+@pytest.mark.parametrize("copy", [True, False])
+def test_restart_reports_nested_terminal_observations(copy, tmp_path):
+    """Dict/Tuple observations: the terminal observation is the nested value last returned,
+    also with copy=False, where the returned views are overwritten by the restart's reset."""
+    marker = str(tmp_path / "crashed-once")
+    fns = [functools.partial(faultenvs.make_crash_env, i, obs_kind="nested",
+                             **({"at": 3, "how": "segv", "once": marker} if i == 1 else {})) for i in range(N)]
+    env = ShmVecEnv(fns, n_workers=2, start_method="fork", on_failure="restart", copy=copy)
+    try:
+        env.reset()
+        for k in range(2):
+            out = env.step(_actions(k))
+        last = [{"inner": {key: np.array(v[i]) for key, v in out[0]["inner"].items()},
+                 "pair": tuple(np.array(v[i]) for v in out[0]["pair"]), "flag": np.array(out[0]["flag"][i])}
+                for i in range(N)]
+        with pytest.warns(WorkerRestartWarning, match="SIGSEGV"):
+            obs, rewards, dones, infos = env.step(_actions(2))
+        assert dones.tolist() == [True, True, False, False] and rewards[:2].tolist() == [0.0, 0.0]
+        for i in (0, 1):
+            assert_same(infos[i]["terminal_observation"], last[i], strict_dtype=True)
+            assert env.observation_space.contains({"inner": {key: v[i] for key, v in obs["inner"].items()},
+                                                   "pair": tuple(v[i] for v in obs["pair"]),
+                                                   "flag": obs["flag"][i]})
+        for i in (2, 3):
+            assert "terminal_observation" not in infos[i]
+    finally:
+        env.close()
+
+
 def test_restart_is_bounded_by_max_restarts():
     fns = _crash_fns(bad=2, at=3, how="kill")  # every new copy dies again at its third step
     env = ShmVecEnv(fns, n_workers=2, start_method="fork", on_failure="restart", max_restarts=2)
