@@ -185,7 +185,8 @@ class ShmVecEnv(Recovery, VecEnv):
         the vec env is broken.  ``"restart"``: the worker is restarted, its envs rebuilt from
         their factories and reset, and their episodes reported as truncated with
         ``info["shmvec_restarted"]`` saying why (see :mod:`shmvec._recovery`); a
-        ``WorkerRestartWarning`` is emitted each time.
+        ``WorkerRestartWarning`` is emitted each time.  With ``copy=False`` it costs one copy of
+        the observations per step (the terminal observation of a restarted env must survive).
     :param max_restarts: with ``on_failure="restart"``, how many restarts a vec env may do in
         its life; the next failure raises ``TooManyRestartsError``.  None: no limit.
     :param invalid_actions: NaN in a float ``Box`` action, or a ``Discrete``/``MultiDiscrete``/
@@ -238,9 +239,9 @@ class ShmVecEnv(Recovery, VecEnv):
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be positive or None, got {timeout}")
         self._init_recovery(on_failure, max_restarts)
-        self.invalid_actions = invalid_actions
         if invalid_actions not in INVALID_ACTIONS:
             raise ValueError(f"invalid_actions must be one of {INVALID_ACTIONS}, got {invalid_actions!r}")
+        self.invalid_actions = invalid_actions
         self.n_workers = n_workers
         self.start_method = start_method
         self.copy = copy
@@ -393,7 +394,8 @@ class ShmVecEnv(Recovery, VecEnv):
     def step_async(self, actions: np.ndarray) -> None:
         """Writes ``actions`` into shared memory and starts every worker.
 
-        :raises ValueError: the actions do not fit the action space (shape, dtype, NaN).
+        :raises ValueError: the actions do not fit the action space (shape, dtype);
+            ``InvalidActionError`` (a ValueError): NaN or out of range (see ``invalid_actions``).
         :raises AlreadyPendingCallError: a step is already in flight.
         """
         self._check_usable()
@@ -411,6 +413,9 @@ class ShmVecEnv(Recovery, VecEnv):
 
         :raises NoAsyncCallError: no step is in flight.
         :raises WorkerDiedError: a worker died; the original exception type if an env raised.
+            With ``on_failure="restart"`` the worker is restarted instead, and its envs are
+            reported as truncated (``info["shmvec_restarted"]``); ``TooManyRestartsError`` once
+            ``max_restarts`` is spent.
         """
         self._check_usable()
         if not self.waiting:

@@ -11,6 +11,7 @@ import ctypes
 import os
 import resource
 import signal
+import threading
 import time
 
 import gymnasium as gym
@@ -18,6 +19,14 @@ import numpy as np
 from gymnasium import spaces
 
 import testenvs
+
+
+class UnpicklableError(Exception):
+    """An exception that cannot be pickled: it holds a lock."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
 
 
 def _end_process(how: str) -> None:
@@ -32,6 +41,8 @@ def _end_process(how: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif how == "raise":
         raise testenvs.EnvBoom("crashed on purpose")
+    elif how == "raise_unpicklable":
+        raise UnpicklableError("holds a lock")
     elif how == "hang":
         time.sleep(600)
     elif how == "oom":

@@ -27,14 +27,20 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 import faultenvs
 import testenvs
 from helpers import assert_same
-from shmvec import BrokenVecEnvError, ShmVecEnv, WorkerDiedError
-from shmvec._errors import (
+from shmvec import (
+    BrokenVecEnvError,
     InvalidActionError,
     InvalidActionWarning,
+    RemoteEnvError,
+    ShmVecEnv,
+    SpaceError,
     TooManyRestartsError,
+    WorkerDiedError,
     WorkerRestartWarning,
 )
 from shmvec._actions import make_action_checks
+from shmvec._errors import RemoteTraceback
+from shmvec._layout import space_leaves
 from shmvec._recovery import RESTART_INFO_KEY
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -86,6 +92,34 @@ def test_native_crash_in_step_raises_worker_died_error_then_broken(how, what):
                 call()
     finally:
         env.close()
+
+
+def test_unpicklable_exception_arrives_as_remote_env_error_with_the_traceback():
+    env = ShmVecEnv(_crash_fns(bad=2, at=2, how="raise_unpicklable"), n_workers=2, start_method="fork")
+    try:
+        env.reset()
+        env.step(_actions(0))
+        with pytest.raises(RemoteEnvError) as info:
+            env.step(_actions(1))
+        exc = info.value
+        assert exc.type_name == "faultenvs.UnpicklableError" and exc.message == "holds a lock"
+        assert isinstance(exc.__cause__, RemoteTraceback) and "_end_process" in exc.__cause__.tb
+        assert any("env 2" in note and "step" in note for note in exc.__notes__)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("space", [
+    spaces.Graph(node_space=spaces.Box(-1.0, 1.0, (2,)), edge_space=None),
+    spaces.Sequence(spaces.Discrete(3)),
+    spaces.Dict({"ok": spaces.Discrete(2), "words": spaces.Text(5)}),
+])
+def test_spaces_without_a_fixed_size_raise_space_error_saying_what_to_do(space):
+    with pytest.raises(SpaceError) as info:
+        space_leaves(space)
+    msg = str(info.value)
+    assert type(space).__name__ in msg or "Text" in msg
+    assert "Box" in msg and "SubprocVecEnv" in msg
 
 
 def test_out_of_memory_in_step_arrives_as_memory_error_naming_the_env():
