@@ -59,6 +59,23 @@ def make_action_checks(action_space: spaces.Space, paths: list[tuple], policy: s
     return checks
 
 
+def exact_integers(arr: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    """``arr`` (floats) as ``dtype`` (integers) if every value is a whole number that fits, else None.
+
+    SB3's PPO sends MultiBinary actions as float32 0.0/1.0 (Bernoulli samples); they cast exactly.
+    Only called when the dtypes differ, never on the usual path.
+    """
+    if arr.dtype.kind != "f" or dtype.kind not in "iu":
+        return None
+    if arr.size:
+        info = np.iinfo(dtype)
+        with np.errstate(invalid="ignore"):
+            if not (np.isfinite(arr).all() and (arr == np.rint(arr)).all()
+                    and arr.min() >= info.min and arr.max() <= info.max):
+                return None
+    return arr.astype(dtype)
+
+
 def _report(policy: str, message: str, bad: list[int]) -> None:
     if policy == "raise":
         raise InvalidActionError(

@@ -27,7 +27,8 @@ SIGKILL from the OOM killer, ``os._exit``), an env raises in ``step`` or
 ``reset``, or (when ``timeout`` is set) the worker does not answer in time: it
 is then killed and restarted.  A failure while restarting (the factory raises,
 the new envs' ``reset`` raises, the new worker dies) is raised, and the vec env
-is broken: a worker that cannot even start is not worth retrying.  After
+is broken: a worker that cannot even start is not worth retrying.  Starting and
+resetting a new worker may take ``max(timeout, 60)`` seconds (imports are slow).  After
 ``max_restarts`` restarts the next failure raises
 :class:`~shmvec._errors.TooManyRestartsError` (``max_restarts=None``: no limit).
 
@@ -77,6 +78,8 @@ _DIED_JOIN_S = 1.0
 # A worker killed between its DONE_SEQ store and its PENDING decrement leaves PENDING one
 # too high; once every live worker has answered, wait this long before going on without it.
 _SETTLE_S = 1.0
+# A new worker imports and builds its envs: the step timeout is too short a bound for that.
+_RESTART_TIMEOUT_FLOOR_S = 60.0
 
 
 class Recovery:
@@ -239,6 +242,9 @@ class Recovery:
                 )
                 raise self._broken
             self.restarts += 1
+        step_timeout = self.timeout
+        if step_timeout is not None:
+            self.timeout = max(step_timeout, _RESTART_TIMEOUT_FLOOR_S)  # read by the pipe waits
         try:
             for w in failed:
                 self._stop_worker(w)
@@ -258,6 +264,8 @@ class Recovery:
                 exc.add_note(f"shmvec: raised while restarting after a failure during {command} ({reasons}). "
                              + _BROKEN_HINT)
             raise
+        finally:
+            self.timeout = step_timeout
         for w, reason in failed.items():
             sl = self.slices[w]
             limit = "no limit" if self.max_restarts is None else f"max_restarts={self.max_restarts}"

@@ -26,7 +26,7 @@ from gymnasium import spaces
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 from shmvec import _protocol as P
-from shmvec._actions import INVALID_ACTIONS, make_action_checks
+from shmvec._actions import INVALID_ACTIONS, exact_integers, make_action_checks
 from shmvec._core import Words
 from shmvec._errors import (
     AlreadyPendingCallError,
@@ -538,8 +538,13 @@ class ShmVecEnv(Recovery, VecEnv):
                     f"(n_envs={self.num_envs} x the action space's {leaf.shape})"
                 )
         if arr.dtype != leaf.dtype and not np.can_cast(arr.dtype, leaf.dtype, "same_kind"):
-            where = "".join(f"[{k!r}]" for k in leaf.path)
-            raise ValueError(f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype}")
+            exact = exact_integers(arr, leaf.dtype)  # whole floats, as SB3 sends MultiBinary actions
+            if exact is None:
+                where = "".join(f"[{k!r}]" for k in leaf.path)
+                raise ValueError(
+                    f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype} "
+                    "(floats are accepted for an integer space only when every value is a whole number that fits)")
+            arr = exact
         check = self._act_checks.get(leaf.path)
         if check is not None:
             check(arr)  # NaN, out of range: raises InvalidActionError (or warns) naming the envs

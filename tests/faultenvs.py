@@ -45,6 +45,9 @@ def _end_process(how: str) -> None:
         raise UnpicklableError("holds a lock")
     elif how == "hang":
         time.sleep(600)
+    elif how == "nap":  # a slow step, that ends
+        time.sleep(1.5)
+        return
     elif how == "oom":
         exhaust_memory()
     else:

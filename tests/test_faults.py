@@ -182,16 +182,17 @@ sys.path[:0] = [{tests!r}, {root!r}]  # the shmvec under test, wherever it is in
 import numpy as np
 import functools
 import faultenvs
-from shmvec import ShmVecEnv
 
 if __name__ == "__main__":
-    fns = [functools.partial(faultenvs.make_crash_env, i, **({{"at": 1, "how": "hang"}} if i == 0 else {{}}))
+    from shmvec import ShmVecEnv  # here, not above: spawned workers re-import this module
+
+    fns = [functools.partial(faultenvs.make_crash_env, i, **({{"at": 1, "how": "nap"}} if i == 0 else {{}}))
            for i in range(4)]
     env = ShmVecEnv(fns, n_workers=2, start_method={method!r})
     env.reset()
     print(" ".join(str(p.pid) for p in env._res.processes), flush=True)
     try:
-        env.step(np.zeros(4, dtype=np.int64))  # worker 0 sleeps in its env for a minute
+        env.step(np.zeros(4, dtype=np.int64))  # worker 0 naps in its env for 1.5 s
     except KeyboardInterrupt:
         print("interrupted", flush=True)
         raise
@@ -255,6 +256,22 @@ def test_out_of_range_actions_raise_naming_the_envs(act_kind, bad, envs):
         assert f"envs {envs}" in str(info.value)
         assert not env.waiting and env.get_attr("_t") == before  # nothing reached the envs
         env.step(env.action_space.sample()[None].repeat(3, 0) if act_kind != "discrete" else np.zeros(3, np.int64))
+    finally:
+        env.close()
+
+
+def test_whole_float_actions_for_integer_spaces_are_accepted_like_sb3_sends_them():
+    """SB3's PPO samples MultiBinary actions as float32 0.0/1.0: they must reach the envs as int8."""
+    env = _bare("multibinary", n=2)
+    try:
+        env.reset()
+        env.step(np.array([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]], dtype=np.float32))
+        with pytest.raises(InvalidActionError, match=r"envs \[1\]"):
+            env.step(np.array([[0.0, 1.0, 1.0], [2.0, 0.0, 0.0]], dtype=np.float32))
+        for bad in ([[0.5, 1.0, 1.0], [1.0, 0.0, 0.0]], [[np.nan, 1.0, 1.0], [1.0, 0.0, 0.0]],
+                    [[1e9, 1.0, 1.0], [1.0, 0.0, 0.0]]):
+            with pytest.raises(ValueError, match="dtype float"):
+                env.step(np.array(bad))
     finally:
         env.close()
 
@@ -601,9 +618,10 @@ import os, signal, sys, time, warnings
 sys.path[:0] = [{tests!r}, {root!r}]  # the shmvec under test, wherever it is installed
 import numpy as np
 import testenvs
-from shmvec import ShmVecEnv
 
 if __name__ == "__main__":
+    from shmvec import ShmVecEnv  # here, not above: forkserver workers re-import this module
+
     warnings.simplefilter("ignore")
     env = ShmVecEnv(testenvs.bare_env_fns(3), n_workers=2, start_method={method!r}, on_failure="restart")
     env.reset()
