@@ -33,6 +33,7 @@ from shmvec._errors import InvalidActionError, InvalidActionWarning
 INVALID_ACTIONS = ("raise", "warn", "ignore")
 
 Check = Callable[[np.ndarray], None]
+_UNSIGNED = {n: np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
 
 
 def subspace(space: spaces.Space, path: tuple) -> spaces.Space:
@@ -130,9 +131,9 @@ def _leaf_check(space: spaces.Space, path: tuple, policy: str) -> Check | None:
             # start becomes huge, so "max < size" covers both bounds.
             if arr.dtype.kind == "b":
                 return
-            shifted = arr - low if (not scalar or low != 0) else arr
+            shifted = arr if isinstance(low, int) and low == 0 else arr - low
             if shifted.dtype.kind == "i":
-                shifted = shifted.view(np.dtype(f"u{shifted.dtype.itemsize}"))
+                shifted = shifted.view(_UNSIGNED[shifted.dtype.itemsize])
             if scalar:
                 if shifted.size == 0 or shifted.max() < size:
                     return

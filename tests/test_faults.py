@@ -94,6 +94,22 @@ def test_native_crash_in_step_raises_worker_died_error_then_broken(how, what):
         env.close()
 
 
+@pytest.mark.parametrize("how, what", [("segv", "SIGSEGV"), ("exit", "exit code 3")])
+def test_worker_dying_during_reset_raises_worker_died_error(how, what):
+    env = ShmVecEnv(_crash_fns(bad=1, at=2, how=how, where="reset"), n_workers=2, start_method="fork")
+    try:
+        env.reset()
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError, match=what) as info:
+            env.reset()  # env 1's second reset
+        assert time.monotonic() - start < 3.0
+        assert info.value.worker == 0 and "during reset" in str(info.value)
+        with pytest.raises(BrokenVecEnvError):
+            env.reset()
+    finally:
+        env.close()
+
+
 def test_unpicklable_exception_arrives_as_remote_env_error_with_the_traceback():
     env = ShmVecEnv(_crash_fns(bad=2, at=2, how="raise_unpicklable"), n_workers=2, start_method="fork")
     try:
