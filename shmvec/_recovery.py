@@ -232,6 +232,7 @@ class Recovery:
 
     def _restart_workers(self, failed: dict[int, str], command: str) -> dict[int, dict]:
         """Replaces the failed workers, resets their envs; returns their reset infos by env index."""
+        first = self.restarts + 1
         for w, reason in failed.items():
             if self.max_restarts is not None and self.restarts >= self.max_restarts:
                 sl = self.slices[w]
@@ -266,13 +267,16 @@ class Recovery:
             raise
         finally:
             self.timeout = step_timeout
-        for w, reason in failed.items():
+        limit = "no limit" if self.max_restarts is None else f"max_restarts={self.max_restarts}"
+        report = {
+            "step": f"their episodes end as truncated, with info[{RESTART_INFO_KEY!r}] saying why",
+            "reset": f"reset_infos[i][{RESTART_INFO_KEY!r}] says why",
+        }.get(command, f"the next step reports their episodes as truncated, with info[{RESTART_INFO_KEY!r}]")
+        for count, (w, reason) in enumerate(failed.items(), start=first):
             sl = self.slices[w]
-            limit = "no limit" if self.max_restarts is None else f"max_restarts={self.max_restarts}"
             warnings.warn(
                 f"shmvec: worker {w} (envs {sl.start}..{sl.stop - 1}) failed during {command} ({reason}) and was "
-                f"restarted (restart {self.restarts}, {limit}); its envs were rebuilt and reset, and their episodes "
-                f"end as truncated with info[{RESTART_INFO_KEY!r}].",
+                f"restarted (restart {count}, {limit}); its envs were rebuilt and reset, and {report}.",
                 WorkerRestartWarning, stacklevel=_user_stacklevel(),
             )
         return infos

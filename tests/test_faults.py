@@ -415,6 +415,7 @@ def _run_with_restart(method: str, fault: str, bad: int, steps: int = 60, **cras
                 with pytest.warns(WorkerRestartWarning) as record:
                     out = env.step(acts)
                 assert len(record) == 1 and f"worker {own[0] // 2}" in str(record[0].message)
+                assert record[0].filename == __file__  # points at the caller's step(), not at shmvec
             else:
                 with warnings.catch_warnings():
                     warnings.simplefilter("error", WorkerRestartWarning)
