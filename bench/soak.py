@@ -12,7 +12,7 @@ Runs ``--steps`` env steps (default one million) of CartPole-v1 through a
 It measures, after a warm-up (the first ``--warmup`` of the steps, which includes a
 restart) and at the end: resident memory of the parent and of the workers (psutil),
 open file descriptors and threads of the parent, child processes, and the
-``/dev/shm/shmvec*`` segments.  It exits with status 1 when any of them grew beyond
+``/dev/shm/shmvec_<pid>_*`` segments of this process.  It exits with status 1 when any of them grew beyond
 the tolerance (``--rss-tolerance-mb`` for memory, none for the counts), or when the
 restarts were not all reported.
 
@@ -49,8 +49,10 @@ def make_cartpole() -> gym.Env:
 
 
 def shm_segments() -> int:
+    """This process's segments: ShmVecEnv names them shmvec_<creator pid>_<random> (other
+    programs on the machine may hold segments of their own meanwhile)."""
     try:
-        return sum(1 for name in os.listdir("/dev/shm") if name.startswith("shmvec"))
+        return sum(1 for name in os.listdir("/dev/shm") if name.startswith(f"shmvec_{os.getpid()}_"))
     except FileNotFoundError:  # pragma: no cover - no /dev/shm
         return 0
 
