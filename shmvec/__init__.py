@@ -24,7 +24,17 @@ __all__ = [
     "InvalidActionError",
     "WorkerRestartWarning",
     "InvalidActionWarning",
+    "make_env",
+    "EnvFactory",
+    "rebuild",
+    "set_forkserver_preload",
+    "spawn_seeds",
+    "UnpicklableFactoryError",
+    "DescriptionError",
 ]
+
+_FACTORY_NAMES = frozenset({"make_env", "EnvFactory", "rebuild", "set_forkserver_preload", "spawn_seeds",
+                            "UnpicklableFactoryError", "DescriptionError"})
 
 if TYPE_CHECKING:  # pragma: no cover
     from shmvec._errors import (
@@ -43,6 +53,15 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkerRestartWarning,
         WorkerTimeoutError,
     )
+    from shmvec.factories import (
+        DescriptionError,
+        EnvFactory,
+        UnpicklableFactoryError,
+        make_env,
+        rebuild,
+        set_forkserver_preload,
+        spawn_seeds,
+    )
     from shmvec.shm_vec_env import ShmVecEnv
 
 
@@ -51,6 +70,10 @@ def __getattr__(name: str) -> Any:
         from shmvec.shm_vec_env import ShmVecEnv
 
         return ShmVecEnv
+    if name in _FACTORY_NAMES:
+        from shmvec import factories
+
+        return getattr(factories, name)
     if name in __all__:
         from shmvec import _errors
 

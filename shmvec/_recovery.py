@@ -315,6 +315,7 @@ class Recovery:
             target=worker_main,
             args=(w, self.slices[w], self._payloads[w], child_conn, os.getpid(), self._worker_threads,
                   self._worker_spin),
+            kwargs={"affinity": self._cpu_sets[w]},  # the same cores as the worker it replaces
             daemon=True,
             name=f"shmvec-worker-{w}",
         )
