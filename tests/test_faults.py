@@ -554,6 +554,25 @@ def test_worker_killed_between_steps_is_restarted_by_get_attr_then_reported_at_t
         env.close()
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_restarted_worker_keeps_its_cpu_set():
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    env = ShmVecEnv(_crash_fns(), n_workers=2, start_method="fork", on_failure="restart",
+                    cpu_affinity=[cores[1], cores[0]])
+    try:
+        env.reset()
+        victim = env._res.processes[0]
+        assert psutil.Process(victim.pid).cpu_affinity() == [cores[1]]
+        os.kill(victim.pid, signal.SIGKILL)
+        _wait_dead(victim)
+        with pytest.warns(WorkerRestartWarning):
+            env.step(_actions(0))
+        assert env._res.processes[0] is not victim
+        assert psutil.Process(env._res.processes[0].pid).cpu_affinity() == [cores[1]]
+    finally:
+        env.close()
+
+
 def test_worker_dying_during_a_rare_command_still_raises_in_restart_mode():
     env = ShmVecEnv(_crash_fns(bad=0, at=1, how="kill", where="attr"), n_workers=2, start_method="fork",
                     on_failure="restart")
