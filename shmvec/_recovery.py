@@ -41,6 +41,8 @@ rare command, or an env that raises in ``env_method``, behaves as with
 ``on_failure="raise"``: the call raises (a dead worker leaves the vec env
 broken; an exception in ``env_method`` does not).  A rare command's effect
 cannot be replayed safely on new envs, and its caller is there to see the error.
+A worker counts as found dead once its process sentinel is ready; one killed an
+instant before the command (its threads still exiting) counts as dying during it.
 """
 
 from __future__ import annotations

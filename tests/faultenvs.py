@@ -16,7 +16,6 @@ import time
 
 import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
 
 import testenvs
 
