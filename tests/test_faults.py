@@ -483,6 +483,26 @@ def test_restart_reports_nested_terminal_observations(copy, tmp_path):
         env.close()
 
 
+def test_ppo_trains_through_native_crashes_with_restart():
+    """SB3's PPO uses the truncation report as it is: it bootstraps from terminal_observation
+    when TimeLimit.truncated is set.  Env 0 segfaults every 100 of its steps, PPO carries on."""
+    from stable_baselines3 import PPO
+
+    fns = _crash_fns(bad=0, at=100, how="segv")
+    env = ShmVecEnv(fns, n_workers=2, start_method="fork", on_failure="restart", max_restarts=None)
+    try:
+        model = PPO("MlpPolicy", env, n_steps=64, batch_size=64, n_epochs=1, seed=0, verbose=0)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            model.learn(1024)
+        restarts = [w for w in record if issubclass(w.category, WorkerRestartWarning)]
+        assert env.restarts == len(restarts) == 2  # at env 0's steps 100 and 200 (of 256)
+        assert all("SIGSEGV" in str(w.message) for w in restarts)
+        assert env.get_attr("steps", [0, 2]) == [56, 256]  # env 0 was rebuilt, env 2 never
+    finally:
+        env.close()
+
+
 def test_restart_is_bounded_by_max_restarts():
     fns = _crash_fns(bad=2, at=3, how="kill")  # every new copy dies again at its third step
     env = ShmVecEnv(fns, n_workers=2, start_method="fork", on_failure="restart", max_restarts=2)
