@@ -106,6 +106,10 @@ class Recovery:
     def _init_recovery(self, on_failure: str, max_restarts: int | None) -> None:
         if on_failure not in ON_FAILURE:
             raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {on_failure!r}")
+        if on_failure == "restart" and hasattr(self, "step_raw"):
+            # The Gymnasium-style engines (ShmVectorEnv, ShmEnvPool) run their own step and reset
+            # protocols: the truncation report here is SB3's.
+            raise ValueError("on_failure='restart' is supported by ShmVecEnv (the SB3 VecEnv) only")
         if max_restarts is not None and max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0 or None, got {max_restarts}")
         self.on_failure = on_failure
