@@ -718,6 +718,13 @@ def test_restart_option_validation():
         ShmVecEnv(testenvs.bare_env_fns(2), on_failure="restart", max_restarts=-1)
 
 
+def test_restart_is_refused_by_the_gymnasium_style_engines():
+    from shmvec.shm_vector_env import ShmVectorEnv
+
+    with pytest.raises(ValueError, match="supported by ShmVecEnv"):
+        ShmVectorEnv(testenvs.bare_env_fns(2), on_failure="restart", start_method="fork")
+
+
 def test_raise_mode_is_unchanged_by_the_recovery_code():
     env = ShmVecEnv(_crash_fns(bad=0, at=2, how="raise"), n_workers=2, start_method="fork")
     try:
