@@ -43,6 +43,7 @@ from gymnasium import spaces
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
+from shmvec import factories as F
 from shmvec._errors import (
     AlreadyPendingCallError,
     BrokenVecEnvError,
@@ -51,20 +52,13 @@ from shmvec._errors import (
     RemoteTraceback,
     ShmVecEnvError,
     SpaceError,
+    TooManyRestartsError,
     WorkerDiedError,
+    WorkerRestartWarning,
     WorkerTimeoutError,
 )
-from shmvec import factories as F
 from shmvec._layout import split_envs
-
-try:  # brought by on_failure="restart" of local workers (shmvec._recovery)
-    from shmvec._errors import TooManyRestartsError, WorkerRestartWarning
-except ImportError:  # a core without it: the same classes, here
-    class TooManyRestartsError(ShmVecEnvError):  # type: ignore[no-redef]
-        """With ``on_failure="restart"``: a failure came after ``max_restarts`` restarts; the vec env is broken."""
-
-    class WorkerRestartWarning(RuntimeWarning):  # type: ignore[no-redef]
-        """With ``on_failure="restart"``: a worker failed and was restarted (its episodes end as truncated)."""
+from shmvec._recovery import RESTART_INFO_KEY
 
 __all__ = ["RayShmVecEnv", "RayActorDiedError", "TooManyRestartsError", "WorkerRestartWarning"]
 
@@ -75,8 +69,6 @@ _CALL_HINT = "The vec env is still usable."
 _CLOSE_TIMEOUT_S = 15.0
 # An info that says nothing beyond this is not sent; the driver rebuilds it.
 _PLAIN_INFO_KEY = "TimeLimit.truncated"
-# The info key of an env whose actor was restarted (the same as for local workers).
-RESTART_INFO_KEY = "shmvec_restarted"
 ON_FAILURE = ("raise", "restart")
 
 
