@@ -326,6 +326,27 @@ def test_restart_replaces_a_killed_actor_and_truncates_its_episodes(cluster):
         close_all(env, ref)
 
 
+def test_worker_restart_inside_an_actor_reaches_the_driver(cluster):
+    """shm_kwargs={"on_failure": "restart"}: the actor's own ShmVecEnv restarts its failed worker;
+    the truncation and the restart flag cross to the driver, and no actor is replaced."""
+    fns = [functools.partial(testenvs.make_sleepy_env, 0.0)] * 2 + [functools.partial(testenvs.make_raising_env, 2)]
+    env = None
+    try:
+        env = RayShmVecEnv(fns, n_actors=2, shm_kwargs={"on_failure": "restart"})
+        env.reset()
+        actions = np.zeros(3, dtype=np.int64)
+        obs, _, dones, _ = env.step(actions)
+        _, rewards, dones, infos = env.step(actions)  # env 2 raises EnvBoom in its worker
+        assert dones.tolist() == [False, False, True] and rewards[2] == 0
+        assert infos[2]["TimeLimit.truncated"] is True
+        assert "EnvBoom" in infos[2][RESTART_INFO_KEY]
+        assert_same(infos[2]["terminal_observation"], obs[2], "terminal obs")
+        assert RESTART_INFO_KEY not in infos[0] and env.restarts == 0
+        env.step(actions)
+    finally:
+        close_all(env)
+
+
 def test_lost_node_names_the_actor_and_node(cluster):
     """A node that goes away takes its actor with it: RayActorDiedError names it; close works."""
     node = cluster.add_node(num_cpus=1)
