@@ -380,6 +380,11 @@ def test_lost_node_names_the_actor_and_node(cluster):
         assert info.value.worker in doomed
         assert env.actor_info[info.value.worker]["node_id"] in str(info.value)
         env.close()
+        # the next tests count alive nodes: wait until Ray's view has the node dead
+        dead_id = env.actor_info[info.value.worker]["node_id"]
+        while any(n["NodeID"] == dead_id and n["Alive"] for n in ray.nodes()):
+            assert time.monotonic() < deadline + 60, "Ray still reports the removed node alive"
+            time.sleep(0.2)
     finally:
         close_all(env)
         if node is not None:
@@ -433,4 +438,4 @@ def test_bad_arguments_are_refused_before_any_actor_starts(cluster):
         RayShmVecEnv([testenvs.make_cartpole()] * 2)
     lock = __import__("threading").Lock()
     with pytest.raises(TypeError, match="cannot be pickled"):
-        RayShmVecEnv([lambda: lock] * 2)
+        RayShmVecEnv([lambda: lock] * 2, n_actors=2)
