@@ -40,6 +40,7 @@ from shmvec._errors import (
     unpack_exception,
 )
 from shmvec._layout import Layout, close_mapping, make_gather, split_envs
+from shmvec import _masks
 from shmvec._worker import worker_main
 
 _ERROR = int(P.Status.ERROR)
@@ -174,6 +175,12 @@ class ShmVecEnv(VecEnv):
         and sleep at once when it does not (a policy update between steps).
     :param mailbox_bytes: per-worker shared buffer for infos and reset arguments; larger results
         travel through the worker's pipe instead.
+    :param action_masks: serve ``env_method("action_masks")`` (sb3-contrib's ``MaskablePPO``
+        calls it every step) from shared memory: the workers call ``action_masks()`` after every
+        reset and step and write it into a bool buffer, and the parent answers without a pipe
+        round trip (see :mod:`shmvec._masks`).  None (default): on when every env has an
+        ``action_masks`` method and the action space is Discrete, MultiDiscrete or MultiBinary.
+        False: off (``env_method("action_masks")`` goes through the pipe like any other call).
 
     :raises TypeError: ``env_fns`` holds something that is not callable (an env instance).
     :raises SpaceError: the envs' spaces differ or cannot live in shared memory.
@@ -196,6 +203,7 @@ class ShmVecEnv(VecEnv):
         timeout: float | None = None,
         spin_us: float | tuple[float, float] | None = None,
         mailbox_bytes: int = P.MAILBOX_BYTES,
+        action_masks: bool | None = None,
     ) -> None:
         env_fns = list(env_fns)
         n_envs = len(env_fns)
@@ -224,6 +232,7 @@ class ShmVecEnv(VecEnv):
             spin_us = (DEFAULT_PARENT_SPIN_US if n_workers < _cores() else 0.0, DEFAULT_WORKER_SPIN_US)
         parent_us, worker_us = spin_us if isinstance(spin_us, tuple) else (spin_us, spin_us)
         self._parent_spin = max(0.0, parent_us) * 1e-6
+        self._want_masks = action_masks
         self._worker_spin = max(0.0, worker_us) * 1e-6
 
         payloads = [self._pickle_factories(env_fns, sl) for sl in self.slices]
@@ -278,15 +287,16 @@ class ShmVecEnv(VecEnv):
 
         # Handshake 1: every worker reports its spaces (no env is ever built here).
         hellos = [self._recv(w, "env construction", _BROKEN_HINT) for w in range(self.n_workers)]
-        obs_space, act_space, render_mode, metadata = hellos[0]
-        for w, (o, a, _, _) in enumerate(hellos[1:], start=1):
+        obs_space, act_space, render_mode, metadata, _ = hellos[0]
+        for w, (o, a, *_) in enumerate(hellos[1:], start=1):
             for name, mine, first in (("observation_space", o, obs_space), ("action_space", a, act_space)):
                 if mine != first:
                     raise SpaceError(
                         f"env {self.slices[w].start} has {name} {mine}, env 0 has {first}: "
                         "all envs of a vec env must share their spaces."
                     )
-        layout = Layout(obs_space, act_space, self.slices[-1].stop, self.n_workers, mailbox_bytes)
+        mask_size = _masks.resolve(self._want_masks, all(h[4] for h in hellos), act_space)
+        layout = Layout(obs_space, act_space, self.slices[-1].stop, self.n_workers, mailbox_bytes, mask_size)
         res.shm = SharedMemory(name=f"shmvec_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=layout.nbytes)
         try:
             os.posix_fallocate(res.shm._fd, 0, layout.nbytes)  # ENOSPC now, not SIGBUS mid-step
@@ -299,7 +309,7 @@ class ShmVecEnv(VecEnv):
 
         # Handshake 2: every worker attaches; then the name is unlinked, so no segment outlives us.
         for conn in res.conns:
-            conn.send(("attach", (res.shm.name, layout.n_envs, self.n_workers, mailbox_bytes)))
+            conn.send(("attach", (res.shm.name, layout.n_envs, self.n_workers, mailbox_bytes, mask_size)))
         for w in range(self.n_workers):
             self._recv(w, "attach", _BROKEN_HINT)
         res.unlink()
@@ -450,7 +460,36 @@ class ShmVecEnv(VecEnv):
         self._pipe_call("set_attr", indices, (attr_name, value))
 
     def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None, **method_kwargs) -> list[Any]:
+        if method_name == _masks.METHOD and self.masks_in_shm and not method_args and not method_kwargs:
+            return list(self.action_masks(indices))
         return self._pipe_call("env_method", indices, (method_name, method_args, method_kwargs))
+
+    @property
+    def masks_in_shm(self) -> bool:
+        """Whether action masks are served from shared memory (the ``action_masks`` option)."""
+        layout = getattr(self, "_layout", None)  # absent on a half-built object
+        return layout is not None and layout.mask_size > 0
+
+    def action_masks(self, indices: VecEnvIndices = None) -> np.ndarray:
+        """The envs' current action masks, bool ``(len(indices), mask_size)``, read from shared memory.
+
+        Each row is what the env's ``action_masks()`` returned after its last reset or step (or
+        ``set_attr``/``env_method`` call), flattened; all False before the first ``reset()``.
+
+        :raises ShmVecEnvError: action masks are off for this vec env.
+        :raises ClosedVecEnvError, BrokenVecEnvError, AlreadyPendingCallError: misuse.
+        """
+        self._check_usable()
+        if not self.masks_in_shm:
+            raise ShmVecEnvError(
+                "action masks are off for this ShmVecEnv (its envs have no action_masks() method, or "
+                "action_masks=False): call env_method('action_masks') instead."
+            )
+        if self.waiting:
+            raise AlreadyPendingCallError("action_masks() while a step is in flight: call step_wait() first")
+        if indices is None:
+            return self._views.mask.copy()
+        return self._views.mask[list(self._get_indices(indices))]
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
         return self._pipe_call("is_wrapped", indices, (wrapper_class,))
