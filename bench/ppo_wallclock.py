@@ -62,7 +62,11 @@ class RolloutTimer(BaseCallback):
 
 def run(cls, n_envs: int, args: argparse.Namespace) -> dict:
     wrapper = (lambda env: BusyStep(env, args.busy_us)) if args.busy_us > 0 else None
-    kwargs = {"n_workers": args.n_workers} if cls is ShmVecEnv else None
+    kwargs = None
+    if cls is ShmVecEnv:
+        kwargs = {"n_workers": args.n_workers}
+        if args.spin_us is not None:
+            kwargs["spin_us"] = args.spin_us
     start = time.perf_counter()
     env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=0, vec_env_cls=cls, wrapper_class=wrapper,
                        vec_env_kwargs=kwargs)
@@ -90,6 +94,8 @@ def main() -> None:
     parser.add_argument("--n-epochs", type=int, default=2)
     parser.add_argument("--busy-us", type=float, default=0.0)
     parser.add_argument("--n-workers", type=int, default=None)
+    parser.add_argument("--spin-us", type=float, default=None,
+                        help="ShmVecEnv spin_us (default: its own); 0 makes waiting workers sleep at once")
     parser.add_argument("--subproc", action="store_true", help="also time SubprocVecEnv (slow at many envs)")
     parser.add_argument("--json", help="write the results to this file")
     args = parser.parse_args()

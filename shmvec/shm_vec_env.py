@@ -25,6 +25,7 @@ import numpy as np
 from gymnasium import spaces
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
+from shmvec import _masks
 from shmvec import _protocol as P
 from shmvec._core import Words
 from shmvec._errors import (
@@ -40,7 +41,6 @@ from shmvec._errors import (
     unpack_exception,
 )
 from shmvec._layout import Layout, close_mapping, make_gather, split_envs
-from shmvec import _masks
 from shmvec._worker import worker_main
 
 _ERROR = int(P.Status.ERROR)
@@ -232,8 +232,8 @@ class ShmVecEnv(VecEnv):
             spin_us = (DEFAULT_PARENT_SPIN_US if n_workers < _cores() else 0.0, DEFAULT_WORKER_SPIN_US)
         parent_us, worker_us = spin_us if isinstance(spin_us, tuple) else (spin_us, spin_us)
         self._parent_spin = max(0.0, parent_us) * 1e-6
-        self._want_masks = action_masks
         self._worker_spin = max(0.0, worker_us) * 1e-6
+        self._want_masks = action_masks
 
         payloads = [self._pickle_factories(env_fns, sl) for sl in self.slices]
         res = self._res = _Resources()
