@@ -19,7 +19,6 @@ import json
 import time
 
 import gymnasium as gym
-import numpy as np
 import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
