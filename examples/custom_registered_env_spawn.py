@@ -13,7 +13,10 @@ knows only what it imports.  Two things make a custom env work there:
    whether or not the worker re-ran this module (a factory imported from a package of your
    own works the same way; so does an ``entry_point="my_package.envs:GridWalkEnv"`` string).
 
-(``shmvec.make_env`` -- being added beside this example -- wraps steps 1 and 2 for an env id.)
+``shmvec.make_env(ENV_ID, size=8)`` is the shorter way (see the README): it resolves the
+registration in the parent and sends the entry point, kwargs and wrappers to the workers as
+plain data, so the workers need no registration of their own.  This script shows what it
+saves you.
 
     python examples/custom_registered_env_spawn.py --steps 8192
 """

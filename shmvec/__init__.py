@@ -10,6 +10,11 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 __all__ = [
     "ShmVecEnv",
+    "ShmVectorEnv",
+    "make_vec",
+    "ShmEnvPool",
+    "ShmVecEnvPool",
+    "PoolReplayBuffer",
     "ShmVecEnvError",
     "WorkerDiedError",
     "WorkerTimeoutError",
@@ -20,7 +25,17 @@ __all__ = [
     "SpaceError",
     "ObservationError",
     "RemoteEnvError",
+    "make_env",
+    "EnvFactory",
+    "rebuild",
+    "set_forkserver_preload",
+    "spawn_seeds",
+    "UnpicklableFactoryError",
+    "DescriptionError",
 ]
+
+_FACTORY_NAMES = frozenset({"make_env", "EnvFactory", "rebuild", "set_forkserver_preload", "spawn_seeds",
+                            "UnpicklableFactoryError", "DescriptionError"})
 
 if TYPE_CHECKING:  # pragma: no cover
     from shmvec._errors import (
@@ -35,7 +50,19 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkerDiedError,
         WorkerTimeoutError,
     )
+    from shmvec.factories import (
+        DescriptionError,
+        EnvFactory,
+        UnpicklableFactoryError,
+        make_env,
+        rebuild,
+        set_forkserver_preload,
+        spawn_seeds,
+    )
     from shmvec.shm_vec_env import ShmVecEnv
+    from shmvec.shm_vector_env import ShmVectorEnv, make_vec
+    from shmvec.env_pool import ShmEnvPool
+    from shmvec.vec_env_pool import PoolReplayBuffer, ShmVecEnvPool
 
 
 def __getattr__(name: str) -> Any:
@@ -43,6 +70,22 @@ def __getattr__(name: str) -> Any:
         from shmvec.shm_vec_env import ShmVecEnv
 
         return ShmVecEnv
+    if name in ("ShmVectorEnv", "make_vec"):
+        from shmvec import shm_vector_env
+
+        return getattr(shm_vector_env, name)
+    if name == "ShmEnvPool":
+        from shmvec.env_pool import ShmEnvPool
+
+        return ShmEnvPool
+    if name in ("ShmVecEnvPool", "PoolReplayBuffer"):
+        from shmvec import vec_env_pool
+
+        return getattr(vec_env_pool, name)
+    if name in _FACTORY_NAMES:
+        from shmvec import factories
+
+        return getattr(factories, name)
     if name in __all__:
         from shmvec import _errors
 
