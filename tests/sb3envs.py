@@ -203,3 +203,26 @@ class NanEnv(gym.Env):
 
 def make_nan_env(at: int = 3) -> gym.Env:
     return NanEnv(at)
+
+
+class CrashingMaskedEnv(MaskedEnv):
+    """A :class:`MaskedEnv` whose ``step`` raises once it has taken ``crash_at`` steps (for restarts)."""
+
+    def __init__(self, crash_at: int = 3, index: int = 0) -> None:
+        super().__init__(index=index)
+        self.crash_at = crash_at
+        self._steps = 0
+
+    def step(self, action):
+        self._steps += 1
+        if self._steps >= self.crash_at:
+            raise RuntimeError(f"crash after {self._steps} steps")
+        return super().step(action)
+
+    def current_mask(self) -> np.ndarray:
+        """``action_masks()`` under another name: fetched through the pipe, not the mask buffer."""
+        return self.action_masks()
+
+
+def make_masked_env_with_crash(index: int = 0, crash_at: int | None = None) -> gym.Env:
+    return CrashingMaskedEnv(crash_at if crash_at is not None else 10**9, index)

@@ -194,3 +194,27 @@ def test_maskable_ppo_never_takes_a_masked_action():
             obs, *_ = venv.step(actions)
     finally:
         venv.close()
+
+
+def test_masks_of_a_restarted_worker_are_rewritten():
+    """on_failure="restart": the new worker resets its envs and writes their masks before the step returns."""
+    from shmvec import WorkerRestartWarning
+
+    fns = [functools.partial(sb3envs.make_masked_env_with_crash, i, 3 if i == 3 else None) for i in range(4)]
+    env = ShmVecEnv(fns, n_workers=2, start_method="fork", on_failure="restart")
+    try:
+        env.seed(0)
+        env.reset()
+        restarted = []
+        with pytest.warns(WorkerRestartWarning):
+            for _ in range(3):
+                masks = env.action_masks()
+                assert_same(masks, np.stack(env.env_method("current_mask")))
+                _, _, dones, infos = env.step(masks.argmax(axis=1))
+                restarted += [i for i, info in enumerate(infos) if "shmvec_restarted" in info]
+        assert restarted == [2, 3]
+        assert env.restarts == 1
+        assert_same(env.action_masks(), np.stack(env.env_method("current_mask")))
+        assert env.action_masks().any(axis=1).all()
+    finally:
+        env.close()
