@@ -102,7 +102,7 @@ class Progress:
         self.t0 = time.monotonic()
 
     def show(self, what: str) -> None:
-        if not self.enabled:
+        if not self.enabled or not (what or self.tty):
             return
         pct = 100 * self.done / self.total
         line = f"[{self.done:>3}/{self.total}] {pct:3.0f}% {time.monotonic() - self.t0:5.0f}s  {what}"
@@ -362,6 +362,62 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _k(x: float) -> str:
+    return f"{x / 1e3:,.0f}k" if x >= 1e4 else (f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}")
+
+
+def format_markdown(results: dict[str, Any]) -> str:
+    """The results as markdown tables (the README's): steps/s and ratio to DummyVecEnv per backend
+    (columns) and env and n_envs (rows); shmvec against each peer; start-up, memory, latency."""
+    m = results["machine"]
+    c = results["config"]
+    out = [f"{m['cores']} cores ({m['cpu']}), Python {m['python']}, "
+           + ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
+           + f"; {c['seconds']:g} s per backend and point in {c['rounds']} alternating rounds, "
+           f"{c['workers']} workers, start method {c['start_method']}.", ""]
+    backends = list(dict.fromkeys(p["backend"] for p in results["points"]))
+    out.append("Env steps/s (x DummyVecEnv, median of per-round ratios); limit = "
+               f"{results['limit_cores']} cores x one env in a bare loop.")
+    out.append("")
+    out.append("| env | n_envs | " + " | ".join(backends) + " | limit |")
+    out.append("|---|---:|" + "---:|" * (len(backends) + 1))
+    for env in results["bare"]:
+        for n in sorted({p["n_envs"] for p in results["points"] if p["env"] == env}):
+            cells = []
+            for b in backends:
+                p = next((p for p in results["points"] if (p["env"], p["n_envs"], p["backend"]) == (env, n, b)), None)
+                if p is None:
+                    cells.append("-")
+                else:
+                    cell = f"{_k(p['steps_per_s'])} ({_ratio(p['ratio_to_dummy'])})"
+                    cells.append(f"**{cell}**" if b == OURS else cell)
+            out.append(f"| {env} | {n} | " + " | ".join(cells) + f" | {_k(results['limit'][env])} |")
+    out.append("")
+    out.append(f"{OURS} against each peer (median of per-round ratios; above 1: {OURS} is faster):")
+    out.append("")
+    peers = [b for b in backends if b != OURS]
+    out.append("| env | n_envs | " + " | ".join(peers) + " |")
+    out.append("|---|---:|" + "---:|" * len(peers))
+    for env, by_n in results["shmvec_vs"].items():
+        for n, ratios in by_n.items():
+            out.append(f"| {env} | {n} | " + " | ".join(_ratio(ratios.get(b)) for b in peers) + " |")
+    if results["footprint"]:
+        kind = results["footprint"][0]["memory_kind"].upper()
+        out += ["", f"Start-up (construct + first reset) and memory ({kind} of all processes; added = after - before "
+                    "building), each in a fresh interpreter:", "",
+                "| backend | env | n_envs | start-up s | MiB added | MiB total | processes |",
+                "|---|---|---:|---:|---:|---:|---:|"]
+        for r in results["footprint"]:
+            out.append(f"| {r['backend']} | {r['env']} | {r['n_envs']} | {r['startup_s']:.2f} | "
+                       f"{r['memory_added_bytes'] / 2**20:.0f} | {r['memory_bytes'] / 2**20:.0f} | {r['processes']} |")
+    if results["latency"]:
+        out += ["", "Round-trip latency of one step, one env of zero cost (microseconds):", "",
+                "| backend | median | p90 |", "|---|---:|---:|"]
+        for r in results["latency"]:
+            out.append(f"| {r['backend']} | {r['median_us']:.1f} | {r['p90_us']:.1f} |")
+    return "\n".join(out)
+
+
 # ---------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------
@@ -397,6 +453,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--plot", metavar="DIR", help="also write throughput.png and footprint.png into DIR "
                                                  "(needs shmvec[plot])")
+    p.add_argument("--from-json", metavar="PATH", help="do not measure: print (and plot) the results saved in PATH")
+    p.add_argument("--markdown", action="store_true", help="print the results as markdown tables (the README's)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--list", action="store_true", help="list backends (installed or not) and envs, then exit")
     return p
@@ -437,10 +495,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print(_list(args.puffer_python))
         return 0
-    try:
-        config = config_from_args(args)
-    except ValueError as e:
-        parser.error(str(e))
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -448,13 +502,27 @@ def main(argv: list[str] | None = None) -> int:
             from shmvec._bench.plot import PLOT_HINT
 
             parser.error(f"--plot: {PLOT_HINT}")
+    if args.from_json:
+        with open(args.from_json) as f:
+            results = json.load(f)
+        print(format_markdown(results) if args.markdown else format_table(results))
+        if args.plot:
+            from shmvec._bench.plot import plot_all
+
+            for path in plot_all(results, args.plot):
+                print(f"wrote {path}")
+        return 0
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
     m = machine()
     print(f"shmvec benchmark: {m['cores']} cores ({m['cpu']}), Python {m['python']}, "
           f"{config.seconds:g} s per backend and point, {config.workers} workers, start method {config.start_method}",
           flush=True)
     progress = Progress(0, enabled=not args.quiet)
     results = run(config, progress)
-    print(format_table(results))
+    print(format_markdown(results) if args.markdown else format_table(results))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
