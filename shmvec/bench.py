@@ -211,81 +211,91 @@ def run(config: Config, progress: Progress | None = None) -> dict[str, Any]:
     for env in config.envs:
         check_env_name(env)
     names, skipped = available_backends(config)
-    limit_cores = min(config.workers, cores())
     foot = _footprint_points(config) if config.footprint else []
-    plan = {env: [n for n in config.n_envs] for env in config.envs}
-    total = len(config.envs) + sum(len(v) for v in plan.values()) * config.rounds + len(foot) * len(names) + (
+    total = len(config.envs) * (1 + len(config.n_envs) * config.rounds) + len(foot) * len(names) + (
         len(names) if config.latency else 0)
     progress = progress or Progress(total, enabled=False)
     progress.total = max(total, 1)
     results: dict[str, Any] = {
-        "version": RESULTS_VERSION, "machine": machine(), "config": asdict(config), "limit_cores": limit_cores,
+        "version": RESULTS_VERSION, "machine": machine(), "config": asdict(config),
+        "limit_cores": min(config.workers, cores()),
         "bare": {}, "limit": {}, "points": [], "shmvec_vs": {}, "footprint": [], "latency": [], "skipped": skipped,
     }
     for env in config.envs:
         progress.show(f"{env}: one env in a bare loop")
-        bare = bare_loop_sps(env, config.seconds)
-        results["bare"][env] = bare
-        results["limit"][env] = limit_cores * bare
+        results["bare"][env] = bare_loop_sps(env, config.seconds)
+        results["limit"][env] = results["limit_cores"] * results["bare"][env]
         progress.advance()
         runnable = []
         for name in names:
             if B.get(name).supports(env):
                 runnable.append(name)
-            elif not any(s.get("backend") == name and s.get("env") == env for s in skipped):
+            else:
                 skipped.append({"backend": name, "env": env,
                                 "reason": f"runs only its own envs ({', '.join(B.get(name).envs or ())})"})
-        for n_envs in plan[env]:
-            spec = B.BuildSpec(env, n_envs, config.workers, config.start_method)
-            progress.show(f"{env} x {n_envs}: building {len(runnable)} backends")
-            opened = _open_all(runnable, spec, config, skipped)
-            try:
-                done = [0]
-
-                def tick() -> None:
-                    done[0] += 1
-                    progress.advance(f"{env} x {n_envs}: measuring, round {done[0]}/{config.rounds}")
-
-                per_round = side_by_side(opened, config.seconds, config.rounds, tick)
-            except Exception as e:  # noqa: BLE001
-                skipped.append({"env": env, "n_envs": n_envs, "reason": f"measuring failed: {_describe(e)}"})
-                per_round = {}
-            finally:
-                workers = {name: o.workers for name, o in opened.items()}
-                for o in opened.values():
-                    o.close()
-            progress.done += config.rounds - done[0]
-            ref = per_round.get(REFERENCE)
-            for name, figures in per_round.items():
-                sps = float(np.median(figures))
-                results["points"].append({
-                    "env": env, "backend": name, "n_envs": n_envs, "workers": workers[name], "steps_per_s": sps,
-                    "rounds": figures, "ratio_to_dummy": median_ratio(figures, ref) if ref else None,
-                    "share_of_limit": sps / results["limit"][env],
-                })
-            if OURS in per_round:
-                results["shmvec_vs"].setdefault(env, {})[str(n_envs)] = {
-                    name: median_ratio(per_round[OURS], figures) for name, figures in per_round.items() if name != OURS
-                }
+        for n_envs in config.n_envs:
+            _measure_point(env, n_envs, runnable, config, results, progress)
     for env, n_envs in foot:
         for name in names:
             progress.show(f"start-up and memory: {name}, {env} x {n_envs}")
-            if not B.get(name).supports(env):
-                progress.advance()
-                continue
-            python = config.puffer_python if B.get(name).remote else sys.executable
-            try:
-                fp = footprint(python, name, B.BuildSpec(env, n_envs, config.workers, config.start_method))  # type: ignore[arg-type]
-                fp.pop("pid", None)
-                results["footprint"].append({"backend": name, "env": env, "n_envs": n_envs, **fp})
-            except (RemoteError, OSError) as e:
-                skipped.append({"backend": name, "env": env, "n_envs": n_envs,
-                                "reason": f"start-up/memory helper failed: {_describe(e)}"})
+            if B.get(name).supports(env):
+                _footprint(name, env, n_envs, config, results)
             progress.advance()
     if config.latency:
         _latency(config, names, results, progress)
     progress.finish()
     return results
+
+
+def _measure_point(env: str, n_envs: int, runnable: list[str], config: Config, results: dict[str, Any],
+                   progress: Progress) -> None:
+    """Steps/s of every backend at one point, side by side; ratios are medians of per-round ratios."""
+    skipped = results["skipped"]
+    spec = B.BuildSpec(env, n_envs, config.workers, config.start_method)
+    progress.show(f"{env} x {n_envs}: building {len(runnable)} backends")
+    opened = _open_all(runnable, spec, config, skipped)
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        progress.advance(f"{env} x {n_envs}: measuring, round {done}/{config.rounds}")
+
+    def failed(name: str, e: Exception) -> None:
+        skipped.append({"backend": name, "env": env, "n_envs": n_envs, "reason": f"failed while stepping: {_describe(e)}"})
+
+    try:
+        per_round = side_by_side(opened, config.seconds, config.rounds, tick, on_error=failed)
+    finally:
+        workers = {name: o.workers for name, o in opened.items()}
+        for o in opened.values():
+            o.close()
+    progress.done += config.rounds - done
+    ref = per_round.get(REFERENCE)
+    for name, figures in per_round.items():
+        sps = float(np.median(figures))
+        results["points"].append({
+            "env": env, "backend": name, "n_envs": n_envs, "workers": workers[name], "steps_per_s": sps,
+            "rounds": figures, "ratio_to_dummy": median_ratio(figures, ref) if ref else None,
+            "share_of_limit": sps / results["limit"][env],
+        })
+    if OURS in per_round:
+        results["shmvec_vs"].setdefault(env, {})[str(n_envs)] = {
+            name: median_ratio(per_round[OURS], figures) for name, figures in per_round.items() if name != OURS
+        }
+
+
+def _footprint(name: str, env: str, n_envs: int, config: Config, results: dict[str, Any]) -> None:
+    python = config.puffer_python if B.get(name).remote else sys.executable
+    assert python
+    try:
+        fp = footprint(python, name, B.BuildSpec(env, n_envs, config.workers, config.start_method))
+    except (RemoteError, OSError) as e:
+        results["skipped"].append({"backend": name, "env": env, "n_envs": n_envs,
+                                   "reason": f"start-up/memory helper failed: {_describe(e)}"})
+        return
+    fp.pop("pid", None)
+    results["footprint"].append({"backend": name, "env": env, "n_envs": n_envs, **fp})
 
 
 def _latency(config: Config, names: list[str], results: dict[str, Any], progress: Progress) -> None:
@@ -299,7 +309,14 @@ def _latency(config: Config, names: list[str], results: dict[str, Any], progress
         per_round = max(1, config.latency_steps // 5)
         for _ in range(5):
             for name, o in opened.items():
-                samples[name] += o.latency_us(per_round)
+                if name not in samples:
+                    continue
+                try:
+                    samples[name] += o.latency_us(per_round)
+                except Exception as e:  # noqa: BLE001 - reported, the others go on
+                    results["skipped"].append({"backend": name, "env": "zero-cost",
+                                               "reason": f"failed while stepping: {_describe(e)}"})
+                    del samples[name]
     finally:
         for o in opened.values():
             o.close()

@@ -300,3 +300,36 @@ def test_action_batches_drawn_beforehand():
         assert len({a.tobytes() for a in actions}) > 1  # random, not one batch repeated
     finally:
         handle.close()
+
+
+def test_side_by_side_drops_a_failing_stepper():
+    class Broken:
+        def chunk(self, seconds):
+            raise RuntimeError("worker died")
+
+    class Fine:
+        def chunk(self, seconds):
+            return 10.0
+
+    errors = []
+    rounds = side_by_side({"ok": Fine(), "bad": Broken()}, 0.3, 3, on_error=lambda n, e: errors.append((n, str(e))))
+    assert rounds == {"ok": [10.0] * 3}
+    assert errors == [("bad", "worker died")]
+    with pytest.raises(RuntimeError):
+        side_by_side({"bad": Broken()}, 0.1, 1)
+
+
+def _build_fails(spec):
+    raise OSError("cannot start workers")
+
+
+def test_cli_backend_that_fails_to_build_is_a_note(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(B.REGISTRY, "Fails", B.Backend("Fails", "x", ("gymnasium",), _build_fails))
+    out = tmp_path / "r.json"
+    rc, cap = _run_cli(["--n-envs", "2", "--backends", "DummyVecEnv", "Fails", "--no-footprint", "--no-latency",
+                        "--json", str(out), *TINY], capsys)
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert [p["backend"] for p in r["points"]] == ["DummyVecEnv"]
+    assert any(s.get("backend") == "Fails" and "OSError: cannot start workers" in s["reason"] for s in r["skipped"])
+    assert "Fails (CartPole-v1 2): failed to build or step" in cap.out

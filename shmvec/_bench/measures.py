@@ -109,14 +109,23 @@ class Stepper:
 
 
 def side_by_side(steppers: dict[str, Any], seconds: float, rounds: int,
-                 tick: Callable[[], None] = lambda: None) -> dict[str, list[float]]:
+                 tick: Callable[[], None] = lambda: None,
+                 on_error: Callable[[str, Exception], None] | None = None) -> dict[str, list[float]]:
     """Each stepper's steps/s in ``rounds`` rounds: in each round every stepper runs one chunk of
     ``seconds / rounds``, one after the other (so each is measured ``seconds`` in all).
-    Anything with ``chunk(seconds)`` is a stepper."""
+    Anything with ``chunk(seconds)`` is a stepper.  With ``on_error``, a stepper that raises is
+    reported there and left out of the result; without it, the exception propagates."""
     out: dict[str, list[float]] = {name: [] for name in steppers}
+    live = dict(steppers)
     for _ in range(rounds):
-        for name, st in steppers.items():
-            out[name].append(st.chunk(seconds / rounds))
+        for name, st in list(live.items()):
+            try:
+                out[name].append(st.chunk(seconds / rounds))
+            except Exception as e:
+                if on_error is None:
+                    raise
+                on_error(name, e)
+                del live[name], out[name]
         tick()
     return out
 
