@@ -53,6 +53,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "n_envs": [1, 4, 16, 64], "seconds": 2.0,
         "footprint_at": ["CartPole-v1:64", "image-84x84x4:64"],
     },
+    # The three comparisons issue 6 sets goals for, 5 s each (about 2 minutes on 2 cores).
+    "targets": {
+        "envs": ["CartPole-v1", "image-84x84x4", "busy-200us"], "n_envs": [64], "seconds": 5.0,
+        "points": ["CartPole-v1:64", "image-84x84x4:64", "busy-200us:16"], "footprint_at": None,
+    },
 }
 
 
@@ -66,6 +71,7 @@ class Config:
     rounds: int = 10
     start_method: str = "fork"
     puffer_python: str | None = None
+    points: list[str] | None = None  # ["ENV:N", ...] instead of every env at every n_envs
     footprint_at: list[str] | None = None  # ["ENV:N", ...]; None: the first env at the largest n_envs
     footprint: bool = True
     latency: bool = True
@@ -196,14 +202,28 @@ def _open_all(names: list[str], spec: B.BuildSpec, config: Config,
     return opened
 
 
-def _footprint_points(config: Config) -> list[tuple[str, int]]:
-    if config.footprint_at is None:
-        return [(config.envs[0], max(config.n_envs))]
+def parse_points(items: list[str]) -> list[tuple[str, int]]:
+    """``["ENV:N", ...]`` as (env, n_envs) pairs; raises ValueError on a bad one."""
     out = []
-    for item in config.footprint_at:
+    for item in items:
         env, _, n = item.rpartition(":")
+        if not env or not n.isdigit() or int(n) < 1:
+            raise ValueError(f"{item!r} is not ENV:N (for example CartPole-v1:64)")
         out.append((check_env_name(env), int(n)))
     return out
+
+
+def _points(config: Config) -> list[tuple[str, int]]:
+    if config.points:
+        return parse_points(config.points)
+    return [(env, n) for env in config.envs for n in config.n_envs]
+
+
+def _footprint_points(config: Config) -> list[tuple[str, int]]:
+    if config.footprint_at is None:
+        first = _points(config)[0][0]
+        return [(first, max(n for env, n in _points(config) if env == first))]
+    return parse_points(config.footprint_at)
 
 
 def run(config: Config, progress: Progress | None = None) -> dict[str, Any]:
@@ -211,9 +231,10 @@ def run(config: Config, progress: Progress | None = None) -> dict[str, Any]:
     for env in config.envs:
         check_env_name(env)
     names, skipped = available_backends(config)
+    points = _points(config)
+    envs = list(dict.fromkeys(env for env, _ in points))
     foot = _footprint_points(config) if config.footprint else []
-    total = len(config.envs) * (1 + len(config.n_envs) * config.rounds) + len(foot) * len(names) + (
-        len(names) if config.latency else 0)
+    total = len(envs) + len(points) * config.rounds + len(foot) * len(names) + (len(names) if config.latency else 0)
     progress = progress or Progress(total, enabled=False)
     progress.total = max(total, 1)
     results: dict[str, Any] = {
@@ -221,7 +242,7 @@ def run(config: Config, progress: Progress | None = None) -> dict[str, Any]:
         "limit_cores": min(config.workers, cores()),
         "bare": {}, "limit": {}, "points": [], "shmvec_vs": {}, "footprint": [], "latency": [], "skipped": skipped,
     }
-    for env in config.envs:
+    for env in envs:
         progress.show(f"{env}: one env in a bare loop")
         results["bare"][env] = bare_loop_sps(env, config.seconds)
         results["limit"][env] = results["limit_cores"] * results["bare"][env]
@@ -233,7 +254,7 @@ def run(config: Config, progress: Progress | None = None) -> dict[str, Any]:
             else:
                 skipped.append({"backend": name, "env": env,
                                 "reason": f"runs only its own envs ({', '.join(B.get(name).envs or ())})"})
-        for n_envs in config.n_envs:
+        for n_envs in (n for e, n in points if e == env):
             _measure_point(env, n_envs, runnable, config, results, progress)
     for env, n_envs in foot:
         for name in names:
@@ -448,7 +469,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--preset", choices=list(PRESETS), default="quick",
                    help="a named set of defaults (quick: about a minute on 2 cores; full: every env, "
-                        "n_envs 1..64, the README's figures); options below override it")
+                        "n_envs 1..64, the README's figures; targets: issue 6's three comparisons, 5 s each); "
+                        "options below override it")
     p.add_argument("--envs", nargs="+", metavar="ENV", help="envs to run (default: CartPole-v1)")
     p.add_argument("--n-envs", nargs="+", type=int, metavar="N", help="numbers of envs (default: 8 64)")
     p.add_argument("--backends", nargs="+", metavar="NAME", help="backends (default: all installed)")
@@ -463,6 +485,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--puffer-python", metavar="PYTHON",
                    help="interpreter of a venv with PufferLib (numpy<2, gymnasium<=0.29); PufferLib is "
                         "skipped without it")
+    p.add_argument("--points", nargs="+", metavar="ENV:N",
+                   help="measure these (env, n_envs) pairs instead of every env at every n_envs")
     p.add_argument("--footprint-at", nargs="+", metavar="ENV:N",
                    help="where to measure start-up and memory (default: the first env at the largest n_envs)")
     p.add_argument("--no-footprint", action="store_true", help="skip start-up and memory")
@@ -485,8 +509,14 @@ def config_from_args(args: argparse.Namespace) -> Config:
     envs = args.envs or preset["envs"]
     for env in envs:
         check_env_name(env)
+    # --envs or --n-envs on the command line replace the preset's pairs.
+    points = args.points or (None if (args.envs or args.n_envs) else preset.get("points"))
+    if points:
+        parse_points(points)
+    if args.footprint_at:
+        parse_points(args.footprint_at)
     return Config(
-        envs=envs, n_envs=args.n_envs or preset["n_envs"], backends=backends,
+        envs=envs, n_envs=args.n_envs or preset["n_envs"], backends=backends, points=points,
         workers=args.workers or cores(), seconds=args.seconds if args.seconds is not None else preset["seconds"],
         rounds=args.rounds, start_method=args.start_method, puffer_python=args.puffer_python,
         footprint_at=args.footprint_at or preset["footprint_at"], footprint=not args.no_footprint,

@@ -333,3 +333,26 @@ def test_cli_backend_that_fails_to_build_is_a_note(tmp_path, capsys, monkeypatch
     assert [p["backend"] for p in r["points"]] == ["DummyVecEnv"]
     assert any(s.get("backend") == "Fails" and "OSError: cannot start workers" in s["reason"] for s in r["skipped"])
     assert "Fails (CartPole-v1 2): failed to build or step" in cap.out
+
+
+def test_cli_points_measure_only_the_pairs_given(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc, _ = _run_cli(["--points", "CartPole-v1:2", "busy-20us:1", "--backends", "DummyVecEnv", "ShmVecEnv",
+                      "--no-latency", "--json", str(out), *TINY], capsys)
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert sorted({(p["env"], p["n_envs"]) for p in r["points"]}) == [("CartPole-v1", 2), ("busy-20us", 1)]
+    assert set(r["bare"]) == {"CartPole-v1", "busy-20us"}
+    # start-up and memory default to the first env at its largest n_envs
+    assert {(f["env"], f["n_envs"]) for f in r["footprint"]} == {("CartPole-v1", 2)}
+
+
+def test_preset_targets_and_bad_points(capsys):
+    config = bench.config_from_args(bench._parser().parse_args(["--preset", "targets"]))
+    assert config.points == ["CartPole-v1:64", "image-84x84x4:64", "busy-200us:16"]
+    # --n-envs replaces the preset's pairs
+    config = bench.config_from_args(bench._parser().parse_args(["--preset", "targets", "--n-envs", "4"]))
+    assert config.points is None and config.n_envs == [4]
+    with pytest.raises(SystemExit):
+        bench.main(["--points", "CartPole-v1"])
+    assert "not ENV:N" in capsys.readouterr().err
