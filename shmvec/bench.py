@@ -167,7 +167,8 @@ class _Local:
         self.handle = B.build(name, spec)
         try:
             self.handle.reset()
-            self.stepper = Stepper(self.handle.step, self.handle.sample_actions(ACTION_BATCHES), spec.n_envs)
+            self.stepper = Stepper(self.handle.step, self.handle.sample_actions(ACTION_BATCHES),
+                                   self.handle.envs_per_step or spec.n_envs)
         except BaseException:
             self.handle.close()
             raise

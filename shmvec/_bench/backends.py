@@ -37,10 +37,12 @@ class Handle:
     reset: Callable[[], Any]
     sample_actions: Callable[[int], list]
     workers: int | None  # processes or threads stepping envs (None: one per env, or the caller's)
+    step_fn: Callable[[Any], Any] | None = None  # instead of venv.step (an async pool's send + recv)
+    envs_per_step: int | None = None  # env steps one step() makes (None: all n_envs)
 
     @property
     def step(self) -> Callable[[Any], Any]:
-        return self.venv.step
+        return self.step_fn or self.venv.step
 
     def close(self) -> None:
         self.venv.close()
@@ -224,6 +226,39 @@ if _optional_module("shmvec.shm_vector_env"):  # pragma: no cover - depends on t
 
     REGISTRY["ShmVectorEnv"] = Backend("ShmVectorEnv", "shmvec", ("shmvec.shm_vector_env",), _shm_vector,
                                        note="shmvec's Gymnasium VectorEnv")
+
+
+if _optional_module("shmvec.env_pool"):  # pragma: no cover - depends on the shmvec version
+
+    class _PoolLoop:
+        """An EnvPool-style loop over shmvec's async pool: send actions to the envs the last recv
+        returned, recv the next ``batch_size`` that finish."""
+
+        def __init__(self, pool: Any) -> None:
+            self.pool, self.ids = pool, None
+
+        def reset(self) -> None:
+            _, infos = self.pool.reset(seed=0)
+            self.ids = infos["env_id"]
+
+        def step(self, actions: Any) -> Any:
+            self.pool.send(actions[: len(self.ids)], self.ids)
+            out = self.pool.recv()
+            self.ids = out[4]["env_id"]
+            return out
+
+    def _shm_pool(spec: BuildSpec) -> Handle:
+        from shmvec.env_pool import ShmEnvPool  # type: ignore[import-not-found]
+
+        batch = max(1, spec.n_envs // 2)
+        pool = ShmEnvPool([EnvFactory(spec.env)] * spec.n_envs, batch_size=batch,
+                          n_workers=min(spec.workers, spec.n_envs), start_method=spec.start_method)
+        loop = _PoolLoop(pool)
+        return Handle(pool, loop.reset, _single_space_sampler(spec.env, spec.n_envs), min(spec.workers, spec.n_envs),
+                      step_fn=loop.step, envs_per_step=batch)
+
+    REGISTRY["ShmEnvPool"] = Backend("ShmEnvPool", "shmvec", ("shmvec.env_pool",), _shm_pool,
+                                     note="shmvec's async pool, batch_size = n_envs / 2 (steps/s counts envs returned)")
 
 
 def backend_names() -> list[str]:

@@ -15,7 +15,7 @@ PLOT_HINT = 'plots need matplotlib: pip install "shmvec[plot]" (or pip install m
 # One colour per backend, the same in every figure; shmvec's backends stand out.
 _COLORS = {
     "ShmVecEnv": "#d62728", "ShmVectorEnv": "#ff7f0e", "DummyVecEnv": "#1f77b4", "SubprocVecEnv": "#9467bd",
-    "SyncVectorEnv": "#17becf", "AsyncVectorEnv": "#8c564b", "EnvPool": "#2ca02c", "PufferLib": "#e377c2",
+    "SyncVectorEnv": "#17becf", "AsyncVectorEnv": "#8c564b", "EnvPool": "#2ca02c", "PufferLib": "#e377c2", "ShmEnvPool": "#bcbd22",
 }
 
 _LABELS = {"EnvPool": "EnvPool (its C++ CartPole)"}

@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     before = tree_memory()
     handle, startup_s = _build(args)
     try:
-        stepper = Stepper(handle.step, handle.sample_actions(ACTION_BATCHES), args.n_envs, warmup_steps=FOOTPRINT_STEPS)
+        stepper = Stepper(handle.step, handle.sample_actions(ACTION_BATCHES), handle.envs_per_step or args.n_envs,
+                          warmup_steps=FOOTPRINT_STEPS)
         after = tree_memory()
         ready = {
             "startup_s": startup_s, "workers": handle.workers, "memory_bytes": after["bytes"],
