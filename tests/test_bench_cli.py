@@ -175,19 +175,30 @@ def test_cli_tiny_run_json(tmp_path, capsys):
     assert "x Dummy" in cap.out and "ShmVecEnv runs" in cap.out
 
 
-def test_cli_footprint_latency_and_skips(tmp_path, capsys, monkeypatch):
-    # A backend whose package is missing is a note in the table, not an error.
-    monkeypatch.setitem(B.REGISTRY, "NotInstalled", B.Backend("NotInstalled", "x", ("no_such_module_shmvec",),
-                                                              B.REGISTRY["DummyVecEnv"].build))
-    out = tmp_path / "r.json"
-    rc, cap = _run_cli(["--envs", "CartPole-v1", "--n-envs", "2", "--backends", "DummyVecEnv", "ShmVecEnv",
-                        "NotInstalled", "PufferLib", "--json", str(out), *TINY], capsys)
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """One tiny run with start-up, memory and latency (each backend in a fresh interpreter), shared by
+    the tests below; a backend whose package is missing is registered for it."""
+    out = tmp_path_factory.mktemp("bench") / "r.json"
+    with pytest.MonkeyPatch.context() as mp_:
+        mp_.setitem(B.REGISTRY, "NotInstalled", B.Backend("NotInstalled", "x", ("no_such_module_shmvec",),
+                                                          B.REGISTRY["DummyVecEnv"].build))
+        stdout = io.StringIO()
+        mp_.setattr(sys, "stdout", stdout)
+        rc = bench.main(["--envs", "CartPole-v1", "--n-envs", "2", "--backends", "DummyVecEnv", "ShmVecEnv",
+                         "NotInstalled", "PufferLib", "--json", str(out), *TINY])
+    return rc, out, stdout.getvalue()
+
+
+def test_cli_footprint_latency_and_skips(measured):
+    rc, out, text = measured
     assert rc == 0
     r = json.loads(out.read_text())
+    # A backend whose package is missing is a note in the table, not an error.
     reasons = {s["backend"]: s["reason"] for s in r["skipped"]}
     assert "no_such_module_shmvec is not installed" in reasons["NotInstalled"]
     assert "--puffer-python" in reasons["PufferLib"]
-    assert "Skipped:" in cap.out
+    assert "Skipped:" in text
     feet = {f["backend"]: f for f in r["footprint"]}
     assert set(feet) == {"DummyVecEnv", "ShmVecEnv"}
     assert feet["ShmVecEnv"]["processes"] >= 3  # the interpreter and its 2 workers (and the resource tracker)
@@ -200,6 +211,28 @@ def test_cli_footprint_latency_and_skips(tmp_path, capsys, monkeypatch):
     assert all(0 < x["median_us"] <= x["p90_us"] for x in lat.values())
 
 
+def test_cli_from_json_prints_markdown(measured, capsys):
+    _, out, _ = measured
+    assert bench.main(["--from-json", str(out), "--markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "| CartPole-v1 | 2 |" in text and "**" in text  # ShmVecEnv's cells stand out
+    assert "| backend | median | p90 |" in text
+
+
+def test_cli_plot_writes_pngs(measured, tmp_path):
+    # In a process of its own: matplotlib keeps its font files open for the life of the process.
+    pytest.importorskip("matplotlib")
+    _, out, _ = measured
+    root = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
+    done = subprocess.run([sys.executable, "-m", "shmvec.bench", "--from-json", str(out), "--plot", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, done.stderr
+    for name in ("throughput.png", "footprint.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+        assert name in done.stdout
+
+
 def test_envpool_runs_only_its_cartpole(tmp_path, capsys):
     if B.get("EnvPool").missing():
         pytest.skip("envpool is not installed")
@@ -210,23 +243,6 @@ def test_envpool_runs_only_its_cartpole(tmp_path, capsys):
     r = json.loads(out.read_text())
     assert [p["backend"] for p in r["points"]] == ["DummyVecEnv"]
     assert any(s.get("backend") == "EnvPool" and "its own envs" in s["reason"] for s in r["skipped"])
-
-
-def test_cli_plot_writes_pngs(tmp_path):
-    # In a process of its own: matplotlib keeps its font files open for the life of the process.
-    pytest.importorskip("matplotlib")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
-    out = subprocess.run(
-        [sys.executable, "-m", "shmvec.bench", "--envs", "CartPole-v1", "--n-envs", "1", "2", "--backends",
-         "DummyVecEnv", "ShmVecEnv", "--footprint-at", "CartPole-v1:1", "--no-latency",
-         "--plot", str(tmp_path / "figs"), *TINY],
-        capture_output=True, text=True, timeout=120, cwd=root,
-    )
-    assert out.returncode == 0, out.stderr
-    for name in ("throughput.png", "footprint.png"):
-        data = (tmp_path / "figs" / name).read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
-        assert name in out.stdout
 
 
 def test_cli_plot_without_matplotlib_says_what_to_install(monkeypatch, capsys):
@@ -279,7 +295,7 @@ def test_remote_helper_failure_carries_its_stderr():
 
 
 def test_remote_helper_serves_chunks():
-    with RemoteBackend(sys.executable, "DummyVecEnv", B.BuildSpec("CartPole-v1", 2, 1)) as r:
+    with RemoteBackend(sys.executable, "SyncVectorEnv", B.BuildSpec("CartPole-v1", 2, 1)) as r:
         assert r.ready["startup_s"] > 0 and r.workers == 1
         assert r.chunk(0.05) > 0
         assert len(r.latency_us(5)) == 5
@@ -338,13 +354,14 @@ def test_cli_backend_that_fails_to_build_is_a_note(tmp_path, capsys, monkeypatch
 def test_cli_points_measure_only_the_pairs_given(tmp_path, capsys):
     out = tmp_path / "r.json"
     rc, _ = _run_cli(["--points", "CartPole-v1:2", "busy-20us:1", "--backends", "DummyVecEnv", "ShmVecEnv",
-                      "--no-latency", "--json", str(out), *TINY], capsys)
+                      "--no-latency", "--no-footprint", "--json", str(out), *TINY], capsys)
     assert rc == 0
     r = json.loads(out.read_text())
     assert sorted({(p["env"], p["n_envs"]) for p in r["points"]}) == [("CartPole-v1", 2), ("busy-20us", 1)]
     assert set(r["bare"]) == {"CartPole-v1", "busy-20us"}
     # start-up and memory default to the first env at its largest n_envs
-    assert {(f["env"], f["n_envs"]) for f in r["footprint"]} == {("CartPole-v1", 2)}
+    config = bench.Config(points=["CartPole-v1:2", "busy-20us:1", "CartPole-v1:8"])
+    assert bench._footprint_points(config) == [("CartPole-v1", 8)]
 
 
 def test_preset_targets_and_bad_points(capsys):
