@@ -34,7 +34,9 @@ def _pyplot() -> Any:
 
 def _subtitle(results: dict[str, Any]) -> str:
     m = results["machine"]
-    return f"{m['cores']} cores, {m['cpu']}, Python {m['python']}; {results['config']['seconds']:g} s per point"
+    c = results["config"]
+    return (f"{m['cores']} cores, {m['cpu']}, Python {m['python']}; {c['seconds']:g} s per point, "
+            f"{c['workers']} workers, start method {c['start_method']}")
 
 
 def plot_throughput(results: dict[str, Any], path: str) -> str:
@@ -93,6 +95,7 @@ def plot_footprint(results: dict[str, Any], path: str) -> str:
         ax_m.set_xlabel(f"MiB added ({mine[0]['memory_kind'].upper()} of all processes, after - before)")
         ax_m.set_title(f"memory, {env} x {n_envs}")
         for ax in (ax_t, ax_m):
+            ax.margins(x=0.12)  # room for the value labels
             ax.invert_yaxis()
             ax.grid(True, axis="x", alpha=0.3)
         for i, r in enumerate(mine):
