@@ -20,7 +20,17 @@ __all__ = [
     "SpaceError",
     "ObservationError",
     "RemoteEnvError",
+    "make_env",
+    "EnvFactory",
+    "rebuild",
+    "set_forkserver_preload",
+    "spawn_seeds",
+    "UnpicklableFactoryError",
+    "DescriptionError",
 ]
+
+_FACTORY_NAMES = frozenset({"make_env", "EnvFactory", "rebuild", "set_forkserver_preload", "spawn_seeds",
+                            "UnpicklableFactoryError", "DescriptionError"})
 
 if TYPE_CHECKING:  # pragma: no cover
     from shmvec._errors import (
@@ -35,6 +45,15 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkerDiedError,
         WorkerTimeoutError,
     )
+    from shmvec.factories import (
+        DescriptionError,
+        EnvFactory,
+        UnpicklableFactoryError,
+        make_env,
+        rebuild,
+        set_forkserver_preload,
+        spawn_seeds,
+    )
     from shmvec.shm_vec_env import ShmVecEnv
 
 
@@ -43,6 +62,10 @@ def __getattr__(name: str) -> Any:
         from shmvec.shm_vec_env import ShmVecEnv
 
         return ShmVecEnv
+    if name in _FACTORY_NAMES:
+        from shmvec import factories
+
+        return getattr(factories, name)
     if name in __all__:
         from shmvec import _errors
 

@@ -348,9 +348,11 @@ def _recv(conn: Connection, parent: _ParentWatch) -> Any:
 
 
 def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connection, parent_pid: int,
-                threads: int | None, spin: float) -> None:
+                threads: int | None, spin: float, affinity: frozenset[int] | None = None) -> None:
     """Entry point of a worker process (the target of ``multiprocessing.Process``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
+    if affinity:  # before any env (or thread pool) is built: threads inherit the mask
+        os.sched_setaffinity(0, affinity)
     _cap_threads(threads, after_envs=False)
     parent = _ParentWatch(parent_pid)
     worker: _Worker | None = None

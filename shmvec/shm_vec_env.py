@@ -19,7 +19,6 @@ from multiprocessing.connection import Connection, wait as mp_wait
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
-import cloudpickle
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
@@ -40,6 +39,7 @@ from shmvec._errors import (
     unpack_exception,
 )
 from shmvec._layout import Layout, close_mapping, make_gather, split_envs
+from shmvec import factories as F
 from shmvec._worker import worker_main
 
 _ERROR = int(P.Status.ERROR)
@@ -155,7 +155,8 @@ class ShmVecEnv(VecEnv):
         env = make_vec_env("CartPole-v1", n_envs=64, vec_env_cls=ShmVecEnv)
 
     :param env_fns: callables that each build a new ``gymnasium.Env``; lambdas and closures are
-        fine (they are sent with cloudpickle).
+        fine (they are sent with cloudpickle).  For an env registered at run time, use
+        ``shmvec.make_env(env_id)``: it carries the resolved spec to spawned workers.
     :param n_workers: worker processes; each steps a contiguous slice of the envs.  Default: the
         number of cores this process may use, at most ``len(env_fns)``.
     :param start_method: ``"fork"``, ``"forkserver"`` or ``"spawn"``; default as SB3 (forkserver
@@ -174,8 +175,18 @@ class ShmVecEnv(VecEnv):
         and sleep at once when it does not (a policy update between steps).
     :param mailbox_bytes: per-worker shared buffer for infos and reset arguments; larger results
         travel through the worker's pipe instead.
+    :param envs_per_worker: at most this many envs per worker (sets ``n_workers`` to
+        ``ceil(n_envs / envs_per_worker)``); ``envs_per_worker=1`` runs each env in a process of its
+        own, for simulators that allow one instance per process.
+    :param cpu_affinity: pin workers to cores (Linux): True pins worker w to the w-th core this
+        process may use (cycling); a list gives worker w entry ``w % len(list)``, a core or a
+        collection of cores.  None (default): no pinning.
+    :param preload: module names the forkserver imports once (e.g. ``["torch"]``), so that workers
+        forked from it do not import them again; ``start_method="forkserver"`` only.  The
+        forkserver is one per process and started once: see :func:`shmvec.set_forkserver_preload`.
 
     :raises TypeError: ``env_fns`` holds something that is not callable (an env instance).
+    :raises UnpicklableFactoryError: a factory cannot be pickled; the message names the object.
     :raises SpaceError: the envs' spaces differ or cannot live in shared memory.
     :raises WorkerDiedError: a worker died while starting.
     """
@@ -196,17 +207,25 @@ class ShmVecEnv(VecEnv):
         timeout: float | None = None,
         spin_us: float | tuple[float, float] | None = None,
         mailbox_bytes: int = P.MAILBOX_BYTES,
+        envs_per_worker: int | None = None,
+        cpu_affinity: bool | Sequence[int | Sequence[int]] | None = None,
+        preload: Sequence[str] | None = None,
     ) -> None:
+        # Every constructor argument but the factories, for describe().
+        self._config = {k: v for k, v in locals().items() if k not in ("self", "env_fns", "__class__")}
         env_fns = list(env_fns)
         n_envs = len(env_fns)
         if n_envs == 0:
             raise ValueError("ShmVecEnv needs at least one env factory")
-        for i, fn in enumerate(env_fns):
-            if isinstance(fn, gym.Env) or not callable(fn):
-                raise TypeError(
-                    f"env_fns[{i}] is {type(fn).__name__}, not a callable: pass functions that each build a new env, "
-                    "e.g. [lambda: gym.make('CartPole-v1')] * n or make_vec_env(...), not env instances."
-                )
+        F.check_factories(env_fns)
+        if envs_per_worker is not None:
+            if envs_per_worker < 1:
+                raise ValueError(f"envs_per_worker must be at least 1, got {envs_per_worker}")
+            needed = -(-n_envs // int(envs_per_worker))
+            if n_workers is not None and int(n_workers) != needed:
+                raise ValueError(f"n_workers={n_workers} contradicts envs_per_worker={envs_per_worker} for "
+                                 f"{n_envs} envs ({needed} workers): pass one of them")
+            n_workers = needed
         n_workers = default_n_workers(n_envs) if n_workers is None else int(n_workers)
         if not 1 <= n_workers <= n_envs:
             raise ValueError(f"n_workers must be in [1, {n_envs}] for {n_envs} envs, got {n_workers}")
@@ -215,6 +234,15 @@ class ShmVecEnv(VecEnv):
             raise ValueError(f"start_method {start_method!r} is not one of {mp.get_all_start_methods()}")
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be positive or None, got {timeout}")
+        self._cpu_sets = F.cpu_sets(cpu_affinity, n_workers)
+        if preload:
+            if start_method != "forkserver":
+                raise ValueError(f"preload applies to start_method='forkserver' only, not {start_method!r}")
+            F.set_forkserver_preload(preload)
+        # Plain-data descriptions of the factories (or why there is none); the factories are not kept.
+        self._descriptions = F.describe_env_fns(env_fns)
+        self._seed_arg: Any = None
+        self._options_arg: Any = None
         self.n_workers = n_workers
         self.start_method = start_method
         self.copy = copy
@@ -241,19 +269,7 @@ class ShmVecEnv(VecEnv):
     # ---- construction ------------------------------------------------------------------------------
     @staticmethod
     def _pickle_factories(env_fns: list, sl: range) -> bytes:
-        try:
-            return cloudpickle.dumps(env_fns[sl.start:sl.stop])
-        except Exception:
-            for i in sl:
-                try:
-                    cloudpickle.dumps(env_fns[i])
-                except Exception as exc:
-                    raise TypeError(
-                        f"env_fns[{i}] cannot be pickled to send it to a worker ({type(exc).__name__}: {exc}). "
-                        "Build unpicklable objects (sockets, locks, native handles) inside the env or its factory, "
-                        "and pass plain data (host, port, paths) to the factory instead."
-                    ) from exc
-            raise
+        return F.pickle_factories(env_fns, sl)
 
     def _start_workers(self, payloads: list[bytes], threads: int | None, mailbox_bytes: int) -> None:
         res = self._res
@@ -268,6 +284,7 @@ class ShmVecEnv(VecEnv):
             proc = ctx.Process(
                 target=worker_main,
                 args=(w, sl, payloads[w], child_conn, os.getpid(), threads, self._worker_spin),
+                kwargs={"affinity": self._cpu_sets[w]},
                 daemon=True,
                 name=f"shmvec-worker-{w}",
             )
@@ -277,7 +294,11 @@ class ShmVecEnv(VecEnv):
         self._sentinels = {p.sentinel: w for w, p in enumerate(res.processes)}
 
         # Handshake 1: every worker reports its spaces (no env is ever built here).
-        hellos = [self._recv(w, "env construction", _BROKEN_HINT) for w in range(self.n_workers)]
+        try:
+            hellos = [self._recv(w, "env construction", _BROKEN_HINT) for w in range(self.n_workers)]
+        except Exception as exc:
+            F.explain_construction_error(exc, self.start_method)
+            raise
         obs_space, act_space, render_mode, metadata = hellos[0]
         for w, (o, a, _, _) in enumerate(hellos[1:], start=1):
             for name, mine, first in (("observation_space", o, obs_space), ("action_space", a, act_space)):
@@ -454,6 +475,61 @@ class ShmVecEnv(VecEnv):
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
         return self._pipe_call("is_wrapped", indices, (wrapper_class,))
+
+    # ---- seeds and plain-data description ------------------------------------------------------------
+    def seed(self, seed: int | Sequence[int | None] | np.random.SeedSequence | None = None) -> list[int | None]:
+        """Sets the seeds of the next ``reset()``, as SB3 does, and more.
+
+        - an int ``s``: env i gets ``s + i`` (as SB3); None: a random ``s``, then the same;
+        - a list of ints, one per env (its length must be ``num_envs``);
+        - a ``numpy.random.SeedSequence``: independent per-env seeds derived from it as
+          ``SeedSequence.spawn`` does (:func:`shmvec.factories.spawn_seeds`); SB3's ``seed + i``
+          gives runs with nearby seeds overlapping envs.
+
+        Seeds go to the envs, not to workers: the same seeds give the same episodes whatever the
+        start method and however the envs are split across workers.
+
+        :returns: the per-env seeds.
+        :raises ValueError: a list whose length is not ``num_envs``.
+        """
+        self._seeds, self._seed_arg = F.per_env_seeds(seed, self.num_envs)
+        return self._seeds
+
+    def set_options(self, options: list[dict] | dict | None = None) -> None:
+        super().set_options(options)
+        self._options_arg = options
+
+    def describe(self) -> dict[str, Any]:
+        """This vec env as plain, JSON-serializable data, from which :meth:`from_description` rebuilds it.
+
+        Holds each env's factory (an env id with its resolved spec, or an import path, with
+        kwargs and wrappers), ``n_envs``, every constructor option (``n_workers``,
+        ``start_method``, ...), and the last ``seed()`` and ``set_options()`` arguments.  No
+        closure and no pickle: it can be written to JSON, read in another process or on another
+        machine, and rebuilt there (where the same packages are installed).
+
+        Factories that can be described: those of :func:`shmvec.make_env`, SB3's ``make_vec_env``
+        with an env id, module-level functions or classes of importable modules (and
+        ``functools.partial`` of them with plain arguments).
+
+        :raises DescriptionError: a factory (a lambda, a closure, something defined in
+            ``__main__``) or an option is not plain data; the message names which.
+        """
+        return F.describe_vec_env(self._descriptions, self._config, n_envs=self.num_envs, n_workers=self.n_workers,
+                                  start_method=self.start_method, seed=self._seed_arg, options=self._options_arg)
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any], **overrides: Any) -> ShmVecEnv:
+        """Builds the vec env that :meth:`describe` described (``overrides`` replace constructor options).
+
+        Options tied to the machine that wrote the description (``cpu_affinity``, ``n_workers``)
+        can be replaced here: ``ShmVecEnv.from_description(d, cpu_affinity=None, n_workers=None)``.
+
+        The seeds and reset options of the description are set for the first ``reset()``.
+
+        :raises DescriptionError: the description is not one of ours.
+        """
+        return F.rebuild(description, cls, **overrides)
 
     # ---- internals ------------------------------------------------------------------------------------
     def _check_usable(self) -> None:

@@ -27,7 +27,11 @@ import pytest
 # descriptors they open lazily on first import are not taken for leaks.
 import gymnasium  # noqa: F401
 import stable_baselines3  # noqa: F401
-import torch  # noqa: F401
+import torch
+
+# The policies in these tests are tiny MLPs: more torch threads would only contend, on a
+# 2-core machine, with the vec env's worker processes (and make PPO tests 30x slower).
+torch.set_num_threads(1)
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "shmvec"

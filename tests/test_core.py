@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import secrets
 import signal
 import time
@@ -81,7 +82,7 @@ def _child_count(name: str, k: int, n: int) -> None:
 
 @pytest.fixture
 def block():
-    shm = SharedMemory(name=f"shmvec_test_{secrets.token_hex(4)}", create=True, size=4096)
+    shm = SharedMemory(name=f"shmvec_{os.getpid()}_test_{secrets.token_hex(4)}", create=True, size=4096)
     words = Words(shm.buf, 0, N_WORDS)
     try:
         yield shm, words

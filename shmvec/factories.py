@@ -1,0 +1,800 @@
+"""Env factories that survive ``spawn``, picklability checks, plain-data descriptions and seeds.
+
+:func:`make_env` returns an :class:`EnvFactory`: a small picklable object that builds one env
+when called.  For a registered id it resolves the Gymnasium ``EnvSpec`` in the parent and
+carries it as plain data (the entry point as an import string, kwargs, ``max_episode_steps``,
+wrappers), so an env registered at run time in the user's script is found in ``spawn`` and
+``forkserver`` workers, whose fresh interpreters never ran that ``gymnasium.register(...)``.
+
+The rest of the module serves :class:`shmvec.ShmVecEnv`:
+
+- :func:`check_factories` and :func:`pickle_factories` validate ``env_fns`` once, before any
+  worker starts: an env instance instead of a factory is a ``TypeError``, and a factory that
+  cannot be pickled is an :class:`UnpicklableFactoryError` naming the path to the offending
+  object (``env_fns[3] -> closure variable 'server' -> socket.socket``);
+- :func:`describe_factory` and :func:`factory_from_description` turn factories into plain
+  (JSON-serializable) data and back: ``ShmVecEnv.describe()`` / ``ShmVecEnv.from_description()``;
+- :func:`per_env_seeds` implements ``ShmVecEnv.seed()`` (an int, a list, or a
+  ``numpy.random.SeedSequence``);
+- :func:`set_forkserver_preload` preloads heavy modules into multiprocessing's forkserver.
+
+This module is imported by worker processes (to unpickle an :class:`EnvFactory`): it imports
+nothing heavier than Gymnasium and NumPy, never Stable-Baselines3 or torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import importlib
+import json
+import multiprocessing as mp
+import multiprocessing.forkserver
+import os
+import sys
+import types
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import cloudpickle
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.registration import EnvSpec, WrapperSpec
+
+from shmvec._errors import ShmVecEnvError
+
+__all__ = [
+    "EnvFactory",
+    "make_env",
+    "UnpicklableFactoryError",
+    "DescriptionError",
+    "check_factories",
+    "pickle_factories",
+    "find_unpicklable",
+    "describe_factory",
+    "factory_from_description",
+    "per_env_seeds",
+    "spawn_seeds",
+    "set_forkserver_preload",
+]
+
+DESCRIPTION_VERSION = 1
+_SB3_INIT_QUALNAME = "make_vec_env.<locals>.make_env.<locals>._init"
+_SB3_INIT_MODULE = "stable_baselines3.common.env_util"
+_SB3_INIT_FREEVARS = frozenset(
+    {"env_id", "env_kwargs", "monitor_dir", "monitor_kwargs", "rank", "seed", "wrapper_class", "wrapper_kwargs"})
+
+
+class UnpicklableFactoryError(ShmVecEnvError, TypeError):
+    """An env factory cannot be pickled to send it to a worker (the message names the offending object)."""
+
+
+class DescriptionError(ShmVecEnvError, ValueError):
+    """A vec env or factory cannot be described as plain data, or a description cannot be rebuilt."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Import strings
+# ---------------------------------------------------------------------------------------------
+
+def import_string(obj: Any) -> str | None:
+    """``"module:qualname"`` when ``obj`` is found again under that name in an importable module, else None.
+
+    Objects defined in ``__main__`` get None: another interpreter (or machine) running another
+    script would not find them.
+    """
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+        return None
+    if module in ("__main__", "__mp_main__", "builtins"):
+        return None
+    mod = sys.modules.get(module)
+    if mod is None:
+        return None
+    found: Any = mod
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return f"{module}:{qualname}" if found is obj else None
+
+
+def resolve(ref: str | Callable) -> Callable:
+    """The object an import string ``"module:qualname"`` names (callables are returned as they are)."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, qualname = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _as_ref(obj: str | Callable) -> str | Callable:
+    """An import string for ``obj`` where it has one, else ``obj`` itself (sent with cloudpickle)."""
+    if isinstance(obj, str):
+        return obj
+    return import_string(obj) or obj
+
+
+# ---------------------------------------------------------------------------------------------
+# EnvFactory and make_env
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class WrapperEntry:
+    """A wrapper applied by an :class:`EnvFactory` after the env is built: ``entry(env, **kwargs)``."""
+
+    entry: str | Callable
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvFactory:
+    """Builds one env when called; picklable, and plain data when every entry point is an import string.
+
+    Build it with :func:`make_env`.  Exactly one of ``spec`` (the fields of a Gymnasium
+    ``EnvSpec``, resolved in the parent) and ``entry`` (a callable or ``"module:qualname"``)
+    is set.
+    """
+
+    spec: Mapping[str, Any] | None = None
+    entry: str | Callable | None = None
+    args: tuple = ()
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    wrappers: tuple[WrapperEntry, ...] = ()
+    module: str | None = None
+
+    def __call__(self) -> gym.Env:
+        if self.module is not None:
+            importlib.import_module(self.module)
+        if self.spec is not None:
+            env = gym.make(_spec_from_fields(self.spec), **copy.deepcopy(dict(self.kwargs)))
+        else:
+            assert self.entry is not None
+            env = resolve(self.entry)(*copy.deepcopy(self.args), **copy.deepcopy(dict(self.kwargs)))
+        for wrapper in self.wrappers:
+            env = resolve(wrapper.entry)(env, **copy.deepcopy(dict(wrapper.kwargs)))
+        return env
+
+    @property
+    def env_id(self) -> str | None:
+        return None if self.spec is None else self.spec["id"]
+
+    def __repr__(self) -> str:
+        target = repr(self.env_id) if self.spec is not None else _ref_name(self.entry)
+        parts = [target] + [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        if self.wrappers:
+            parts.append(f"wrappers=[{', '.join(_ref_name(w.entry) for w in self.wrappers)}]")
+        return f"make_env({', '.join(parts)})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """This factory as plain data (JSON-serializable).
+
+        :raises DescriptionError: an entry point is a callable object with no import string (a
+            class or function defined in ``__main__``, a lambda, a closure): it travels with
+            cloudpickle to the workers of this machine, but is not plain data.
+        """
+        out: dict[str, Any] = {"type": "make_env"}
+        if self.spec is not None:
+            entry = self.spec.get("entry_point")
+            if not isinstance(entry, str):
+                raise DescriptionError(
+                    f"the entry point of {self.env_id!r} is the object {entry!r}, not an import string: it is sent "
+                    "to workers with cloudpickle, but it is not plain data. Register the env with "
+                    "entry_point='package.module:ClassName' (defined in an importable module, not in __main__)."
+                )
+            out["spec"] = _jsonable(dict(self.spec), f"spec of {self.env_id!r}")
+        else:
+            if not isinstance(self.entry, str):
+                raise DescriptionError(
+                    f"the env entry point {self.entry!r} has no import string (a lambda, closure, or something "
+                    "defined in __main__): it is sent to workers with cloudpickle, but it is not plain data. "
+                    "Define it at module level in an importable module, or register it and use make_env(env_id)."
+                )
+            out["entry"] = self.entry
+        if self.args:
+            out["args"] = _jsonable(list(self.args), "args")
+        out["kwargs"] = _jsonable(dict(self.kwargs), "kwargs")
+        wrappers = []
+        for w in self.wrappers:
+            if not isinstance(w.entry, str):
+                raise DescriptionError(
+                    f"the wrapper {w.entry!r} has no import string (a lambda, closure, or something defined in "
+                    "__main__): define it at module level in an importable module to describe it as plain data."
+                )
+            wrappers.append({"entry": w.entry, "kwargs": _jsonable(dict(w.kwargs), f"kwargs of wrapper {w.entry}")})
+        out["wrappers"] = wrappers
+        if self.module is not None:
+            out["module"] = self.module
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EnvFactory:
+        if d.get("type") != "make_env":
+            raise DescriptionError(f"not a make_env description: {d!r}")
+        return cls(
+            spec=dict(d["spec"]) if d.get("spec") is not None else None,
+            entry=d.get("entry"),
+            args=tuple(d.get("args", ())),
+            kwargs=dict(d.get("kwargs", {})),
+            wrappers=tuple(WrapperEntry(w["entry"], dict(w.get("kwargs", {}))) for w in d.get("wrappers", ())),
+            module=d.get("module"),
+        )
+
+
+def make_env(
+    id_or_callable: str | EnvSpec | Callable[..., gym.Env],
+    *,
+    wrappers: Iterable[Callable | str | tuple[Callable | str, Mapping[str, Any]]] = (),
+    **kwargs: Any,
+) -> EnvFactory:
+    """A picklable factory that builds one env: ``make_env("CartPole-v1")() == gym.make("CartPole-v1")``.
+
+    ``ShmVecEnv([make_env("MyEnv-v0", size=8)] * 16)`` builds 16 envs in the workers.
+
+    :param id_or_callable: a registered env id (``"CartPole-v1"``, ``"module:Env-v0"``, which
+        imports ``module`` first, as ``gym.make`` does), an ``EnvSpec``, or a callable returning
+        an env (a class or function).  For an id, the ``EnvSpec`` is resolved **here, in the
+        parent**, and carried to the workers: an env registered at run time in the user's script
+        is found in ``spawn``/``forkserver`` workers too.
+    :param wrappers: applied in order after the env is built: wrapper classes (or callables
+        ``f(env, **kw)``), import strings ``"module:Wrapper"``, or ``(wrapper, kwargs)`` pairs.
+    :param kwargs: passed to ``gym.make`` (for an id: env kwargs, ``max_episode_steps``,
+        ``render_mode``, ...) or to the callable.
+
+    Callables and wrappers that live in an importable module are carried as import strings, so
+    the factory is plain data (see :meth:`EnvFactory.to_dict`); others (lambdas, closures,
+    classes defined in ``__main__``) travel with cloudpickle and work on this machine, but
+    ``ShmVecEnv.describe()`` cannot describe them.
+
+    :raises gymnasium.error.Error: the id is not registered (raised here, not in a worker).
+    """
+    module = None
+    if isinstance(id_or_callable, EnvSpec):
+        spec: EnvSpec | None = id_or_callable
+        entry = None
+    elif isinstance(id_or_callable, str):
+        env_id = id_or_callable
+        if ":" in env_id:
+            module, env_id = env_id.split(":", 1)
+            importlib.import_module(module)
+        spec = gym.spec(env_id)
+        entry = None
+    elif isinstance(id_or_callable, gym.Env):
+        raise TypeError(_instance_message("make_env's argument", id_or_callable))
+    elif callable(id_or_callable):
+        spec, entry = None, _as_ref(id_or_callable)
+    else:
+        raise TypeError(f"make_env takes an env id, an EnvSpec or a callable, not {type(id_or_callable).__name__}")
+    wrapper_entries = []
+    for w in wrappers:
+        if isinstance(w, tuple):
+            ref, wkw = w
+        else:
+            ref, wkw = w, {}
+        if not (isinstance(ref, str) or callable(ref)):
+            raise TypeError(f"a wrapper must be a callable or an import string, not {type(ref).__name__}")
+        wrapper_entries.append(WrapperEntry(_as_ref(ref), dict(wkw)))
+    return EnvFactory(
+        spec=_spec_fields(spec) if spec is not None else None,
+        entry=entry,
+        kwargs=dict(kwargs),
+        wrappers=tuple(wrapper_entries),
+        module=module,
+    )
+
+
+def _spec_fields(spec: EnvSpec) -> dict[str, Any]:
+    """The fields of an EnvSpec as a dict; entry points made import strings where they have one."""
+    return {
+        "id": spec.id,
+        "entry_point": _as_ref(spec.entry_point) if spec.entry_point is not None else None,
+        "reward_threshold": spec.reward_threshold,
+        "nondeterministic": spec.nondeterministic,
+        "max_episode_steps": spec.max_episode_steps,
+        "order_enforce": spec.order_enforce,
+        "disable_env_checker": spec.disable_env_checker,
+        "kwargs": copy.deepcopy(dict(spec.kwargs)),
+        "additional_wrappers": [
+            {"name": w.name, "entry_point": w.entry_point, "kwargs": w.kwargs} for w in spec.additional_wrappers
+        ],
+        "vector_entry_point": spec.vector_entry_point if isinstance(spec.vector_entry_point, str) else None,
+    }
+
+
+def _spec_from_fields(fields: Mapping[str, Any]) -> EnvSpec:
+    fields = dict(fields)
+    fields["kwargs"] = copy.deepcopy(dict(fields.get("kwargs") or {}))
+    fields["additional_wrappers"] = tuple(
+        WrapperSpec(w["name"], w["entry_point"], w["kwargs"]) for w in fields.get("additional_wrappers") or ())
+    return EnvSpec(**fields)
+
+
+def _ref_name(ref: Any) -> str:
+    if isinstance(ref, str):
+        return ref
+    return getattr(ref, "__qualname__", None) or repr(ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation of env_fns, before any worker starts
+# ---------------------------------------------------------------------------------------------
+
+def _instance_message(where: str, obj: Any) -> str:
+    return (
+        f"{where} is a {type(obj).__name__} instance, not a factory: pass a callable that returns a new env "
+        "each time it is called, e.g. [lambda: gym.make('CartPole-v1')] * n or [shmvec.make_env('CartPole-v1')] * n "
+        "-- not [env] * n (an env cannot be shared between workers)."
+    )
+
+
+def check_factories(env_fns: Sequence[Any]) -> None:
+    """Raises ``TypeError`` for an entry that is an env instance or not callable."""
+    for i, fn in enumerate(env_fns):
+        if isinstance(fn, gym.Env):
+            raise TypeError(_instance_message(f"env_fns[{i}]", fn))
+        if not callable(fn):
+            raise TypeError(
+                f"env_fns[{i}] is {type(fn).__name__}, not a callable: pass callables that each return a new env, "
+                "e.g. [lambda: gym.make('CartPole-v1')] * n or [shmvec.make_env('CartPole-v1')] * n."
+            )
+
+
+def pickle_factories(env_fns: Sequence[Callable], indices: range) -> bytes:
+    """``cloudpickle.dumps(env_fns[indices])``, or an :class:`UnpicklableFactoryError` naming the culprit."""
+    try:
+        return cloudpickle.dumps(list(env_fns[indices.start:indices.stop]))
+    except Exception:
+        pass
+    for i in indices:
+        try:
+            cloudpickle.dumps(env_fns[i])
+        except Exception as exc:
+            path, culprit_exc = find_unpicklable(env_fns[i], f"env_fns[{i}]")
+            raise UnpicklableFactoryError(
+                f"env_fns[{i}] cannot be pickled to send it to a worker: {' -> '.join(path)} cannot be pickled "
+                f"({type(culprit_exc or exc).__name__}: {culprit_exc or exc}). Build such objects (sockets, locks, "
+                "clients, native handles) inside the env or inside its factory, and pass plain data to the factory "
+                "instead (host and port, a path, a seed)."
+            ) from exc
+    # Each pickles alone but not together (should not happen): let cloudpickle say why.
+    return cloudpickle.dumps(list(env_fns[indices.start:indices.stop]))
+
+
+def _pickle_error(obj: Any) -> BaseException | None:
+    try:
+        cloudpickle.dumps(obj)
+    except RecursionError:
+        return None
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _type_name(obj: Any) -> str:
+    t = type(obj)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _children(obj: Any) -> list[tuple[str, Any]]:
+    """(label, child) pairs of what pickling ``obj`` would also pickle, as far as we can tell."""
+    out: list[tuple[str, Any]] = []
+    if isinstance(obj, functools.partial):
+        out.append(("partial function", obj.func))
+        out += [(f"partial argument {k}", a) for k, a in enumerate(obj.args)]
+        out += [(f"partial keyword {k!r}", v) for k, v in obj.keywords.items()]
+    elif isinstance(obj, types.MethodType):
+        out.append((f"self of bound method {obj.__func__.__qualname__!r}", obj.__self__))
+    elif isinstance(obj, types.FunctionType):
+        code = obj.__code__
+        for name, cell in zip(code.co_freevars, obj.__closure__ or ()):
+            try:
+                out.append((f"closure variable {name!r}", cell.cell_contents))
+            except ValueError:  # an empty cell
+                continue
+        glob = obj.__globals__
+        for name in code.co_names:
+            if name in glob and not isinstance(glob[name], types.ModuleType):
+                out.append((f"global {name!r}", glob[name]))
+        out += [(f"default argument {k}", d) for k, d in enumerate(obj.__defaults__ or ())]
+        out += [(f"keyword default {k!r}", d) for k, d in (obj.__kwdefaults__ or {}).items()]
+    elif isinstance(obj, Mapping):
+        out += [(f"[{k!r}]", v) for k, v in obj.items()]
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        out += [(f"[{k}]", v) for k, v in enumerate(obj)]
+    else:
+        attrs = getattr(obj, "__dict__", None)
+        if isinstance(attrs, dict):
+            out += [(f"attribute {k!r}", v) for k, v in attrs.items()]
+        for slot in getattr(type(obj), "__slots__", ()) or ():
+            if isinstance(slot, str) and hasattr(obj, slot):
+                out.append((f"attribute {slot!r}", getattr(obj, slot)))
+    return out
+
+
+def find_unpicklable(obj: Any, root: str = "obj", max_depth: int = 6) -> tuple[list[str], BaseException | None]:
+    """The path from ``obj`` to the innermost object that cannot be pickled, and its pickling error.
+
+    Walks closures (``__closure__``/``co_freevars``), globals a function uses, ``functools.partial``
+    arguments, the ``__self__`` of bound methods, containers and object attributes, a few levels
+    deep.  The path ends with the culprit's type: ``["env_fns[3]", "closure variable 'server'",
+    "socket.socket"]``.
+    """
+    path = [root]
+    error = _pickle_error(obj)
+    seen = {id(obj)}
+    for _ in range(max_depth):
+        for label, child in _children(obj):
+            if id(child) in seen:
+                continue
+            child_error = _pickle_error(child)
+            if child_error is not None:
+                seen.add(id(child))
+                path.append(label)
+                obj, error = child, child_error
+                break
+        else:
+            break
+    path.append(_type_name(obj))
+    return path, error
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain-data descriptions
+# ---------------------------------------------------------------------------------------------
+
+def _jsonable(value: Any, where: str) -> Any:
+    """``value`` if it survives ``json.dumps`` (tuples become lists on the way back), else DescriptionError."""
+    try:
+        json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError) as exc:
+        raise DescriptionError(
+            f"{where} is not plain data ({exc}): descriptions hold only JSON types (str, int, float, bool, None, "
+            "lists, dicts with str keys). Pass plain values and build objects inside the env or its factory."
+        ) from exc
+    return value
+
+
+class _CaptureFactories:
+    """Stands in for a VecEnv class so that SB3's make_vec_env hands over its factories."""
+
+    def __init__(self, env_fns: list, **kwargs: Any) -> None:
+        self.env_fns = env_fns
+
+    def seed(self, seed: Any = None) -> None:
+        pass
+
+
+def _sb3_closure_vars(fn: Any) -> dict[str, Any] | None:
+    """The variables of one of SB3 ``make_vec_env``'s factories, or None if ``fn`` is not one."""
+    if not isinstance(fn, types.FunctionType):
+        return None
+    if fn.__module__ != _SB3_INIT_MODULE or fn.__qualname__ != _SB3_INIT_QUALNAME:
+        return None
+    names = fn.__code__.co_freevars
+    if set(names) != _SB3_INIT_FREEVARS:
+        return None
+    return {name: cell.cell_contents for name, cell in zip(names, fn.__closure__ or ())}
+
+
+def describe_factory(fn: Any) -> dict[str, Any]:
+    """``fn`` as plain data, from which :func:`factory_from_description` builds an equivalent factory.
+
+    Describable: :class:`EnvFactory` (from :func:`make_env`); the factories of SB3's
+    ``make_vec_env`` when ``env_id`` is an env id or an importable callable and its
+    ``wrapper_class`` is importable; module-level functions and classes of importable modules,
+    and ``functools.partial`` of them with plain arguments.
+
+    :raises DescriptionError: anything else, saying what to use instead.
+    """
+    if isinstance(fn, EnvFactory):
+        return fn.to_dict()
+    sb3 = _sb3_closure_vars(fn)
+    if sb3 is not None:
+        env_id = sb3["env_id"]
+        if isinstance(env_id, EnvFactory):  # make_vec_env(make_env("MyEnv-v0"), ...)
+            env_ref: Any = env_id.to_dict()
+        else:
+            env_ref = env_id if isinstance(env_id, str) else import_string(env_id)
+        wrapper = sb3["wrapper_class"]
+        wrapper_ref = None if wrapper is None else import_string(wrapper)
+        if env_ref is None or (wrapper is not None and wrapper_ref is None):
+            what = "env_id" if env_ref is None else "wrapper_class"
+            raise DescriptionError(
+                f"a make_vec_env factory whose {what} ({sb3[what]!r}) has no import string (a lambda, closure or "
+                "something defined in __main__) is not plain data: pass an env id, or define it at module level in "
+                "an importable module."
+            )
+        return {
+            "type": "sb3_make_vec_env",
+            # an env id ("CartPole-v1", "module:Env-v0") or the import string of a callable
+            ("env_id" if isinstance(env_id, str) else "env_factory" if isinstance(env_ref, dict) else "env_entry"):
+                env_ref,
+            "rank": sb3["rank"],
+            "seed": sb3["seed"],
+            "env_kwargs": _jsonable(dict(sb3["env_kwargs"] or {}), "env_kwargs"),
+            "monitor_dir": sb3["monitor_dir"],
+            "monitor_kwargs": _jsonable(dict(sb3["monitor_kwargs"] or {}), "monitor_kwargs"),
+            "wrapper_class": wrapper_ref,
+            "wrapper_kwargs": _jsonable(dict(sb3["wrapper_kwargs"] or {}), "wrapper_kwargs"),
+        }
+    if isinstance(fn, functools.partial):
+        ref = import_string(fn.func)
+        if ref is not None:
+            return {"type": "make_env", "entry": ref, "args": _jsonable(list(fn.args), "partial arguments"),
+                    "kwargs": _jsonable(dict(fn.keywords), "partial keywords"), "wrappers": []}
+    ref = import_string(fn)
+    if ref is not None:
+        return {"type": "make_env", "entry": ref, "kwargs": {}, "wrappers": []}
+    raise DescriptionError(
+        f"{fn!r} is not plain data (a lambda, a closure, or something defined in __main__): it works on this "
+        "machine, sent with cloudpickle, but cannot be described. Use shmvec.make_env(env_id_or_class, **kwargs), "
+        "SB3's make_vec_env with an env id, or a module-level function of an importable module."
+    )
+
+
+def factory_from_description(d: Mapping[str, Any]) -> Callable[[], gym.Env]:
+    """The factory a :func:`describe_factory` dict stands for."""
+    kind = d.get("type")
+    if kind == "make_env":
+        return EnvFactory.from_dict(d)
+    if kind == "sb3_make_vec_env":
+        # Rebuilt by SB3's own make_vec_env, so that it is the same closure SB3 would build.
+        from stable_baselines3.common.env_util import make_vec_env
+
+        if "env_id" in d:
+            env_id = d["env_id"]
+        elif "env_factory" in d:
+            env_id = EnvFactory.from_dict(d["env_factory"])
+        else:
+            env_id = resolve(d["env_entry"])
+        captured = make_vec_env(
+            env_id, n_envs=1, seed=d.get("seed"), start_index=d["rank"], monitor_dir=d.get("monitor_dir"),
+            wrapper_class=resolve(d["wrapper_class"]) if d.get("wrapper_class") else None,
+            env_kwargs=dict(d.get("env_kwargs") or {}), vec_env_cls=_CaptureFactories,  # type: ignore[arg-type]
+            monitor_kwargs=dict(d.get("monitor_kwargs") or {}), wrapper_kwargs=dict(d.get("wrapper_kwargs") or {}),
+        )
+        return captured.env_fns[0]  # type: ignore[attr-defined]
+    raise DescriptionError(f"unknown factory description type {kind!r} in {dict(d)!r}")
+
+
+def run_length(items: list[Any]) -> list[dict[str, Any]]:
+    """``[a, a, b]`` -> ``[{"repeat": 2, "factory": a}, {"repeat": 1, "factory": b}]``."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if out and out[-1]["factory"] == item:
+            out[-1]["repeat"] += 1
+        else:
+            out.append({"repeat": 1, "factory": item})
+    return out
+
+
+def describe_env_fns(env_fns: Sequence[Any]) -> list[dict[str, Any] | DescriptionError]:
+    """Each factory's description, or the DescriptionError saying why it has none (raised later, by describe())."""
+    out: list[dict[str, Any] | DescriptionError] = []
+    for fn in env_fns:
+        try:
+            out.append(describe_factory(fn))
+        except DescriptionError as exc:
+            # A fresh exception: the caught one's traceback would keep the factory (and whatever
+            # its closure holds) alive for as long as the vec env.
+            out.append(DescriptionError(str(exc)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Seeds
+# ---------------------------------------------------------------------------------------------
+
+def spawn_seeds(seed_seq: np.random.SeedSequence | int, n: int) -> list[int]:
+    """``n`` independent 64-bit seeds derived from ``seed_seq`` as ``SeedSequence.spawn(n)`` would.
+
+    Deterministic and free of side effects: the children are built from the sequence's entropy
+    and spawn key, so calling this twice gives the same seeds (``SeedSequence.spawn`` itself
+    would give new children each time).  Unlike SB3's ``seed + i``, runs with nearby seeds do
+    not share envs' seeds.
+    """
+    if not isinstance(seed_seq, np.random.SeedSequence):
+        seed_seq = np.random.SeedSequence(seed_seq)
+    key = tuple(seed_seq.spawn_key)
+    return [
+        int(np.random.SeedSequence(seed_seq.entropy, spawn_key=key + (i,), pool_size=seed_seq.pool_size)
+            .generate_state(1, np.uint64)[0])
+        for i in range(n)
+    ]
+
+
+def per_env_seeds(seed: Any, n_envs: int) -> tuple[list[int], Any]:
+    """The seeds ``ShmVecEnv.seed(seed)`` gives its envs, and ``seed`` as plain data (for describe()).
+
+    - None: a random int ``s`` is drawn, then as for an int (as SB3 does);
+    - an int ``s``: env i gets ``s + i`` (as SB3 does);
+    - a sequence of ints: one per env (its length must be ``n_envs``);
+    - a ``numpy.random.SeedSequence``: env i gets the i-th of :func:`spawn_seeds`.
+    """
+    if seed is None:
+        seed = int(np.random.randint(0, np.iinfo(np.uint32).max, dtype=np.uint32))
+    if isinstance(seed, np.random.SeedSequence):
+        plain = {"entropy": seed.entropy, "spawn_key": list(seed.spawn_key), "pool_size": seed.pool_size}
+        if not isinstance(seed.entropy, int):
+            plain["entropy"] = [int(x) for x in seed.entropy]
+        return spawn_seeds(seed, n_envs), {"seed_sequence": plain}
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        s = int(seed)
+        return [s + i for i in range(n_envs)], s
+    if isinstance(seed, Sequence) or isinstance(seed, np.ndarray):
+        seeds = list(seed)
+        if len(seeds) != n_envs:
+            raise ValueError(f"seed() got {len(seeds)} seeds for {n_envs} envs: pass one seed per env, or one int")
+        out = []
+        for k, s in enumerate(seeds):
+            if s is not None and (isinstance(s, bool) or not isinstance(s, (int, np.integer))):
+                raise TypeError(f"seed[{k}] is {type(s).__name__}, not an int or None")
+            out.append(None if s is None else int(s))
+        return out, out
+    raise TypeError(f"seed must be None, an int, a list of ints or a numpy.random.SeedSequence, not {type(seed).__name__}")
+
+
+def seed_from_plain(plain: Any) -> Any:
+    """The seed() argument a :func:`per_env_seeds` plain value stands for."""
+    if isinstance(plain, Mapping) and "seed_sequence" in plain:
+        ss = plain["seed_sequence"]
+        return np.random.SeedSequence(ss["entropy"], spawn_key=tuple(ss["spawn_key"]), pool_size=ss["pool_size"])
+    return plain
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker start-up options
+# ---------------------------------------------------------------------------------------------
+
+def cpu_sets(cpu_affinity: Any, n_workers: int) -> list[frozenset[int] | None]:
+    """The cores each worker is pinned to.
+
+    - None/False: no pinning;
+    - True: worker w gets the w-th core (cycling) of those this process may run on;
+    - a sequence: worker w gets entry ``w % len``, an int (one core) or a collection of cores.
+    """
+    if cpu_affinity is None or cpu_affinity is False:
+        return [None] * n_workers
+    if not hasattr(os, "sched_setaffinity"):
+        raise ValueError("cpu_affinity needs os.sched_setaffinity (Linux)")
+    allowed = sorted(os.sched_getaffinity(0))
+    if cpu_affinity is True:
+        return [frozenset({allowed[w % len(allowed)]}) for w in range(n_workers)]
+    entries = list(cpu_affinity)
+    if not entries:
+        raise ValueError("cpu_affinity is an empty list: pass True, or one core (or set of cores) per worker")
+    out = []
+    for w in range(n_workers):
+        entry = entries[w % len(entries)]
+        cores = frozenset({int(entry)}) if isinstance(entry, (int, np.integer)) else frozenset(int(c) for c in entry)
+        bad = sorted(cores - set(allowed))
+        if not cores or bad:
+            raise ValueError(
+                f"cpu_affinity for worker {w} is {sorted(cores)}; this process may run on cores {allowed} only")
+        out.append(cores)
+    return out
+
+
+def _forkserver_running() -> bool:
+    server = multiprocessing.forkserver._forkserver
+    return getattr(server, "_forkserver_pid", None) is not None
+
+
+def set_forkserver_preload(modules: Iterable[str]) -> bool:
+    """Makes multiprocessing's forkserver import ``modules`` once, so that its children inherit them.
+
+    multiprocessing's forkserver is one process per parent process, started lazily on first use
+    (by any library); modules named here are imported by it when it starts, and every worker
+    forked from it then finds them already imported (``import torch`` costs a worker nothing).
+    ``"__main__"`` is kept in the list, as multiprocessing does by default.
+
+    :returns: True if the forkserver will preload them; False (with a ``RuntimeWarning``) if it is
+        already running without them: it cannot be told to import more.  Call this early, before
+        anything starts a process with the forkserver method.
+    """
+    modules = list(modules)
+    if not all(isinstance(m, str) for m in modules):
+        raise TypeError("preload takes module names (strings)")
+    server = multiprocessing.forkserver._forkserver
+    current = list(getattr(server, "_preload_modules", ["__main__"]))
+    wanted = current + [m for m in modules if m not in current]
+    if "__main__" not in wanted:
+        wanted.insert(0, "__main__")
+    if _forkserver_running():
+        missing = [m for m in modules if m not in current]
+        if missing:
+            warnings.warn(
+                f"the forkserver is already running without {missing}: preloading has no effect in this process, and "
+                "each worker imports them itself. Call shmvec.set_forkserver_preload(...) (or pass preload= to the "
+                "first ShmVecEnv) before anything starts a process with the forkserver method.",
+                RuntimeWarning, stacklevel=3,
+            )
+            return False
+        return True
+    mp.get_context("forkserver").set_forkserver_preload(wanted)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Rebuilding a described vec env; explaining failures
+# ---------------------------------------------------------------------------------------------
+
+def describe_vec_env(descriptions: Sequence[dict[str, Any] | Exception], config: Mapping[str, Any], *, n_envs: int,
+                     n_workers: int, start_method: str, seed: Any, options: Any) -> dict[str, Any]:
+    """The body of ``ShmVecEnv.describe()``: factories (run-length encoded), options, seeds."""
+    factories = []
+    for i, d in enumerate(descriptions):
+        if isinstance(d, Exception):
+            raise DescriptionError(f"env_fns[{i}] cannot be described as plain data: {d}") from d
+        factories.append(d)
+    plain_options = {}
+    for name, value in config.items():
+        if name == "cpu_affinity" and isinstance(value, (list, tuple)):
+            value = [sorted(v) if isinstance(v, (set, frozenset, tuple, list)) else v for v in value]
+        plain_options[name] = _jsonable(list(value) if isinstance(value, tuple) else value, f"option {name}")
+    return {
+        "shmvec_description": DESCRIPTION_VERSION,
+        "n_envs": n_envs,
+        "env_fns": run_length(factories),
+        "options": plain_options,
+        "n_workers": n_workers,
+        "start_method": start_method,
+        "seed": _jsonable(seed, "seed"),
+        "reset_options": _jsonable(options, "set_options()"),
+    }
+
+
+def rebuild(description: Mapping[str, Any], cls: Any = None, **overrides: Any) -> Any:
+    """The vec env ``ShmVecEnv.describe()`` described (``overrides`` replace constructor options).
+
+    ``shmvec.rebuild(json.load(f))`` is ``ShmVecEnv.from_description(json.load(f))``.
+    """
+    if not isinstance(description, Mapping) or "shmvec_description" not in description:
+        raise DescriptionError("not a ShmVecEnv description (made by ShmVecEnv.describe()): no 'shmvec_description'")
+    if description["shmvec_description"] != DESCRIPTION_VERSION:
+        raise DescriptionError(
+            f"description version {description['shmvec_description']} is not {DESCRIPTION_VERSION}, the one this "
+            "shmvec reads")
+    if cls is None:
+        from shmvec.shm_vec_env import ShmVecEnv as cls
+    env_fns: list[Callable] = []
+    for run in description["env_fns"]:
+        fn = factory_from_description(run["factory"])
+        env_fns += [fn] * int(run["repeat"])
+    if len(env_fns) != description["n_envs"]:
+        raise DescriptionError(f"the description lists {len(env_fns)} factories for n_envs={description['n_envs']}")
+    options = dict(description.get("options") or {})
+    if isinstance(options.get("spin_us"), list):  # a tuple before JSON
+        options["spin_us"] = tuple(options["spin_us"])
+    options.update(overrides)
+    vec_env = cls(env_fns, **options)
+    try:
+        if description.get("seed") is not None:
+            vec_env.seed(seed_from_plain(description["seed"]))
+        if description.get("reset_options") is not None:
+            vec_env.set_options(description["reset_options"])
+    except BaseException:
+        vec_env.close()
+        raise
+    return vec_env
+
+
+def explain_construction_error(exc: BaseException, start_method: str) -> None:
+    """Adds a note to a worker's "env not found" error when the parent knows the id (registered at run time)."""
+    if start_method == "fork":
+        return
+    not_found = (gym.error.NameNotFound, gym.error.NamespaceNotFound, gym.error.VersionNotFound)
+    text = str(exc)
+    if not (isinstance(exc, not_found) or (isinstance(exc, gym.error.Error) and "No registered env" in text)):
+        return
+    known = [env_id for env_id in gym.registry
+             if f"`{env_id}`" in text or f"`{env_id.rsplit('-v', 1)[0]}`" in text or f" {env_id}." in text]
+    where = f" ({', '.join(repr(k) for k in known)} is registered in this process)" if known else ""
+    exc.add_note(
+        f"shmvec: a {start_method!r} worker is a fresh interpreter: it did not run the gymnasium.register() of your "
+        f"script{where}. Use shmvec.make_env(env_id) as the factory (it carries the resolved EnvSpec to the "
+        "worker; with SB3: make_vec_env(shmvec.make_env(env_id), ...)), or register the env in an importable module and use the id 'module:EnvName-v0'."
+    )

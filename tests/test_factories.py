@@ -1,0 +1,639 @@
+"""Spawn-safe factories, picklability checks, plain-data descriptions, start-up options, isolation.
+
+Scripts that must run in a fresh interpreter (a user's ``__main__`` under spawn, a forkserver
+that no earlier test started) run as real subprocesses: ``python script.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pickle
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.monitor import Monitor
+
+import factory_envs
+import testenvs
+from helpers import assert_same
+from shmvec import ShmVecEnv
+from shmvec.factories import (
+    DescriptionError,
+    EnvFactory,
+    UnpicklableFactoryError,
+    describe_factory,
+    factory_from_description,
+    find_unpicklable,
+    make_env,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+HEAVY = ("torch", "stable_baselines3")
+
+
+def run_script(path: Path, timeout: float = 150.0) -> subprocess.CompletedProcess:
+    """Runs ``python path`` in a fresh interpreter that imports this checkout of shmvec."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=timeout,
+                          cwd=str(path.parent), env=env)
+
+
+def last_json(out: str) -> dict:
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    assert lines, f"no JSON line in the script's output:\n{out}"
+    return json.loads(lines[-1])
+
+
+def rollout(env, n_steps: int, seed=0) -> list:
+    """Observations, rewards and dones of ``n_steps`` fixed actions from a seeded reset."""
+    env.seed(seed)
+    out = [env.reset()]
+    rng = np.random.default_rng(1)
+    for _ in range(n_steps):
+        actions = rng.integers(0, 2, size=env.num_envs)
+        obs, rew, dones, _ = env.step(actions)
+        out.append((obs, rew, dones))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# make_env
+# ---------------------------------------------------------------------------------------------
+
+def test_make_env_builds_what_gym_make_builds():
+    factory = make_env("CartPole-v1", max_episode_steps=7, render_mode="rgb_array",
+                       wrappers=[gym.wrappers.RecordEpisodeStatistics])
+    assert isinstance(factory, EnvFactory)
+    assert factory.env_id == "CartPole-v1"
+    assert "CartPole-v1" in repr(factory) and "RecordEpisodeStatistics" in repr(factory)
+    env = factory()
+    ref = gym.make("CartPole-v1", max_episode_steps=7, render_mode="rgb_array")
+    try:
+        assert isinstance(env, gym.wrappers.RecordEpisodeStatistics)
+        assert env.unwrapped.spec.kwargs == ref.unwrapped.spec.kwargs
+        assert env.spec.max_episode_steps == 7 and env.render_mode == "rgb_array"
+        assert_same(env.reset(seed=3), ref.reset(seed=3))
+        for _ in range(7):
+            got, want = env.step(1), ref.step(1)
+            assert_same(got[:4], want[:4])
+        assert got[3] and want[3]  # truncated by the TimeLimit of max_episode_steps=7
+    finally:
+        env.close()
+        ref.close()
+    # Each call builds a new env; the factory survives plain pickle (it is plain data).
+    again = pickle.loads(pickle.dumps(factory))
+    assert again == factory
+    a, b = again(), again()
+    assert a is not b
+    a.close()
+    b.close()
+
+
+def test_make_env_of_an_env_spec():
+    spec = gym.spec("CartPole-v1")
+    factory = make_env(spec, max_episode_steps=3)
+    assert factory.env_id == "CartPole-v1" and factory.module is None
+    env = factory()
+    try:
+        env.reset(seed=0)
+        assert [env.step(0)[3] for _ in range(3)] == [False, False, True]
+    finally:
+        env.close()
+
+
+def test_make_env_of_a_callable_carries_an_import_string():
+    factory = make_env(factory_envs.ProbeEnv, size=5, wrappers=[(gym.wrappers.TimeLimit, {"max_episode_steps": 4})])
+    assert factory.entry == "factory_envs:ProbeEnv"
+    assert factory.to_dict()["wrappers"] == [{"entry": "gymnasium.wrappers.common:TimeLimit",
+                                             "kwargs": {"max_episode_steps": 4}}]
+    env = factory()
+    assert env.observation_space.shape == (5,) and isinstance(env, gym.wrappers.TimeLimit)
+    env.close()
+
+
+def test_make_env_errors_in_the_parent():
+    with pytest.raises(gym.error.Error):
+        make_env("NoSuchEnvAnywhere-v0")
+    with pytest.raises(ModuleNotFoundError):
+        make_env("no_such_module_xyz:FactoryProbe-v0")
+    env = gym.make("CartPole-v1")
+    with pytest.raises(TypeError, match="callable that returns a new env"):
+        make_env(env)
+    env.close()
+
+
+def test_module_id_imports_its_module_in_spawned_workers():
+    factory = make_env("factory_envs:FactoryProbe-v0", size=2)
+    assert factory.module == "factory_envs"
+    env = ShmVecEnv([factory] * 2, n_workers=2, start_method="spawn")
+    try:
+        assert env.reset().shape == (2, 2)
+        assert env.get_attr("size") == [2, 2]
+    finally:
+        env.close()
+
+
+# Heavy imports stay under the main guard: spawned workers re-run this script's top level.
+_REGISTER_SCRIPT = '''
+import json, sys, traceback
+import gymnasium as gym
+
+
+class LocalEnv(gym.Env):
+    """Defined in __main__: a spawned worker gets it by value (cloudpickle)."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,))
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 1.0, False, False, {}
+
+
+def outcome(build):
+    try:
+        venv = build()
+    except BaseException as exc:
+        return {"error": type(exc).__name__, "notes": getattr(exc, "__notes__", [])}
+    try:
+        venv.reset()
+        venv.step([0] * venv.num_envs)
+        return {"ok": venv.num_envs}
+    finally:
+        venv.close()
+
+
+if __name__ == "__main__":
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+    from shmvec import ShmVecEnv, make_env
+
+    gym.register(id="RuntimeRegistered-v0", entry_point="mymodule:MyEnv", max_episode_steps=5)
+    gym.register(id="MainDefined-v0", entry_point=LocalEnv)
+    result = {}
+    result["sb3_lambda"] = outcome(lambda: SubprocVecEnv([lambda: gym.make("RuntimeRegistered-v0")],
+                                                         start_method="spawn"))
+    result["shm_lambda"] = outcome(lambda: ShmVecEnv([lambda: gym.make("RuntimeRegistered-v0")] * 2,
+                                                     start_method="spawn"))
+    result["shm_make_env_spawn"] = outcome(lambda: ShmVecEnv([make_env("RuntimeRegistered-v0")] * 2,
+                                                             start_method="spawn"))
+    result["shm_make_env_forkserver"] = outcome(lambda: ShmVecEnv([make_env("RuntimeRegistered-v0")] * 3,
+                                                                  n_workers=2, start_method="forkserver"))
+    result["shm_main_class_spawn"] = outcome(lambda: ShmVecEnv([make_env("MainDefined-v0")] * 2,
+                                                               start_method="spawn"))
+    try:
+        make_env("MainDefined-v0").to_dict()
+    except Exception as exc:
+        result["describe_main_class"] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(result))
+'''
+
+_MYMODULE = '''
+import gymnasium as gym
+import numpy as np
+
+
+class MyEnv(gym.Env):
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, dtype=np.float32), {}
+
+    def step(self, action):
+        return np.zeros(3, dtype=np.float32), 1.0, False, False, {}
+'''
+
+
+def test_env_registered_at_run_time_in_main_works_under_spawn_and_forkserver(tmp_path):
+    """The case SB3's SubprocVecEnv fails with NameNotFound: gymnasium.register() in the user's script."""
+    (tmp_path / "mymodule.py").write_text(_MYMODULE)
+    script = tmp_path / "train.py"
+    script.write_text(_REGISTER_SCRIPT)
+    proc = run_script(script)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    # SB3: the spawned worker raises NameNotFound (printed on its stderr); the parent sees a dead pipe.
+    assert "error" in result["sb3_lambda"], result
+    assert "NameNotFound" in proc.stderr
+    # shmvec with the same lambda: the worker's NameNotFound, re-raised, with a note saying what to do.
+    assert result["shm_lambda"]["error"] == "NameNotFound", result
+    assert any("shmvec.make_env" in note and "RuntimeRegistered-v0" in note and "make_vec_env" in note for note in result["shm_lambda"]["notes"])
+    # shmvec.make_env carries the resolved spec: it works.
+    assert result["shm_make_env_spawn"] == {"ok": 2}, result
+    assert result["shm_make_env_forkserver"] == {"ok": 3}, result
+    # An entry point defined in __main__ travels by value (cloudpickle) but is not plain data.
+    assert result["shm_main_class_spawn"] == {"ok": 2}, result
+    assert result["describe_main_class"].startswith("DescriptionError") and "import string" in \
+        result["describe_main_class"]
+
+
+def test_closures_partials_and_make_vec_env_keep_working_under_spawn():
+    scale = 3
+
+    def closure():
+        return testenvs.make_bare_env(index=scale)
+
+    fns = [closure, lambda: testenvs.make_bare_env(index=4), functools.partial(testenvs.make_bare_env, index=5)]
+    env = ShmVecEnv(fns, n_workers=2, start_method="spawn")
+    try:
+        env.reset()
+        assert env.get_attr("tag") == [3, 4, 5]
+    finally:
+        env.close()
+    env = make_vec_env("CartPole-v1", n_envs=3, vec_env_cls=ShmVecEnv, vec_env_kwargs={"start_method": "spawn"})
+    try:
+        assert env.reset().shape == (3, 4)
+    finally:
+        env.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Picklability, checked before any worker starts
+# ---------------------------------------------------------------------------------------------
+
+def _children_now() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def test_unpicklable_socket_in_a_closure_is_named_with_its_path():
+    server = socket.socket()
+    try:
+        def make_client_env():
+            server.getsockname()
+            return testenvs.make_bare_env()
+
+        fns = [testenvs.make_bare_env] * 3 + [make_client_env]
+        before = _children_now()
+        with pytest.raises(UnpicklableFactoryError) as info:
+            ShmVecEnv(fns, n_workers=2, start_method="fork")
+        assert _children_now() <= before  # raised before any worker started
+        msg = str(info.value)
+        assert "env_fns[3] -> closure variable 'server' -> socket.socket" in msg, msg
+        assert "inside the env or inside its factory" in msg and "host and port" in msg
+        assert isinstance(info.value, TypeError)  # as before: an UnpicklableFactoryError is a TypeError
+    finally:
+        server.close()
+
+
+def test_unpicklable_lock_in_a_partial_is_named_with_its_path():
+    lock = threading.Lock()
+    fns = [functools.partial(testenvs.make_bare_env, 0), functools.partial(testenvs.make_bare_env, 1, lock=lock)]
+    with pytest.raises(UnpicklableFactoryError, match=r"env_fns\[1\] -> partial keyword 'lock' -> _thread\.lock"):
+        ShmVecEnv(fns, n_workers=1, start_method="spawn")
+
+
+class _SimClient:
+    """Holds a C-extension handle (an sqlite3 connection); its bound method is the factory."""
+
+    def __init__(self) -> None:
+        self.config = {"size": 3}
+        self.db = sqlite3.connect(":memory:")
+
+    def build(self) -> gym.Env:
+        return factory_envs.ProbeEnv(self.config["size"])
+
+
+def test_unpicklable_c_extension_handle_behind_a_bound_method_is_named():
+    client = _SimClient()
+    try:
+        with pytest.raises(UnpicklableFactoryError) as info:
+            ShmVecEnv([client.build, client.build], start_method="fork")
+        assert ("env_fns[0] -> self of bound method '_SimClient.build' -> attribute 'db' -> sqlite3.Connection"
+                in str(info.value)), str(info.value)
+    finally:
+        client.db.close()
+
+
+def test_find_unpicklable_walks_containers_and_nested_closures():
+    lock = threading.Lock()
+    settings = {"hosts": ["a", "b"], "guard": [1, lock]}
+
+    def inner():
+        return settings
+
+    def outer():
+        return inner()
+
+    path, error = find_unpicklable(outer, "fn")
+    assert path == ["fn", "closure variable 'inner'", "closure variable 'settings'", "['guard']", "[1]",
+                    "_thread.lock"]
+    assert isinstance(error, TypeError)
+
+
+def test_env_instance_instead_of_factory_says_to_pass_a_callable():
+    env = testenvs.make_bare_env()
+    try:
+        with pytest.raises(TypeError, match=r"env_fns\[0\] is a SpacesEnv instance.*callable that returns a new env"):
+            ShmVecEnv([env] * 4, start_method="fork")
+    finally:
+        env.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain-data descriptions
+# ---------------------------------------------------------------------------------------------
+
+def test_describe_and_rebuild_give_the_same_vec_env():
+    fns = ([make_env("factory_envs:FactoryProbe-v0", size=4)] * 3
+           + [functools.partial(factory_envs.make_probe, 4)] + [factory_envs.make_probe_4])
+    env = ShmVecEnv(fns, n_workers=2, start_method="fork", worker_threads=None, spin_us=(0.0, 10.0))
+    try:
+        env.seed(np.random.SeedSequence(2024))
+        env.set_options({"unused": 1})
+        description = env.describe()
+        text = json.dumps(description)  # plain data: JSON round trip
+        env.seed(np.random.SeedSequence(2024))
+        want = rollout_no_seed(env, 30)
+    finally:
+        env.close()
+    loaded = json.loads(text)
+    assert loaded["n_envs"] == 5 and loaded["n_workers"] == 2
+    assert loaded["env_fns"][0]["repeat"] == 3
+    assert loaded["options"]["spin_us"] == [0.0, 10.0]
+    rebuilt = ShmVecEnv.from_description(loaded, start_method="spawn")
+    try:
+        assert rebuilt.start_method == "spawn" and rebuilt.n_workers == 2
+        assert rebuilt._options_arg == {"unused": 1}
+        got = rollout_no_seed(rebuilt, 30)  # seeds come from the description
+    finally:
+        rebuilt.close()
+    assert_same(got, want)
+
+
+def rollout_no_seed(env, n_steps: int) -> list:
+    out = [env.reset()]
+    rng = np.random.default_rng(1)
+    for _ in range(n_steps):
+        obs, rew, dones, _ = env.step(rng.integers(0, 2, size=env.num_envs))
+        out.append((obs, rew, dones))
+    return out
+
+
+def test_make_vec_env_factories_are_described_and_rebuilt_by_sb3():
+    env = make_vec_env("CartPole-v1", n_envs=3, seed=11, vec_env_cls=ShmVecEnv,
+                       vec_env_kwargs={"start_method": "fork", "n_workers": 2})
+    try:
+        description = json.loads(json.dumps(env.describe()))
+        want = rollout_no_seed(env, 40)
+    finally:
+        env.close()
+    factories = [run["factory"] for run in description["env_fns"]]
+    assert [f["type"] for f in factories] == ["sb3_make_vec_env"] * 3
+    assert [f["rank"] for f in factories] == [0, 1, 2] and factories[0]["env_id"] == "CartPole-v1"
+    assert description["seed"] == 11
+    rebuilt = ShmVecEnv.from_description(description)
+    try:
+        got = rollout_no_seed(rebuilt, 40)
+        assert rebuilt.env_is_wrapped(Monitor) == [True] * 3
+    finally:
+        rebuilt.close()
+    assert_same(got, want)
+
+
+def test_make_vec_env_of_a_make_env_factory_is_described():
+    """make_vec_env(make_env(id), ...): SB3's Monitor and seeding, shmvec's spawn-safe spec."""
+    env = make_vec_env(make_env("factory_envs:FactoryProbe-v0", size=2), n_envs=2, seed=3, vec_env_cls=ShmVecEnv,
+                       vec_env_kwargs={"start_method": "fork"})
+    try:
+        description = json.loads(json.dumps(env.describe()))
+        want = rollout_no_seed(env, 25)
+    finally:
+        env.close()
+    factory = description["env_fns"][0]["factory"]
+    assert factory["type"] == "sb3_make_vec_env" and factory["env_factory"]["spec"]["id"] == "FactoryProbe-v0"
+    rebuilt = ShmVecEnv.from_description(description)
+    try:
+        assert_same(rollout_no_seed(rebuilt, 25), want)
+        assert rebuilt.env_is_wrapped(Monitor) == [True, True]
+    finally:
+        rebuilt.close()
+
+
+def test_describe_names_the_factory_that_is_not_plain_data():
+    fns = [make_env("CartPole-v1"), lambda: gym.make("CartPole-v1")]
+    env = ShmVecEnv(fns, n_workers=1, start_method="fork")
+    try:
+        with pytest.raises(DescriptionError, match=r"env_fns\[1\].*lambda.*shmvec.make_env"):
+            env.describe()
+    finally:
+        env.close()
+    with pytest.raises(DescriptionError, match="kwargs"):
+        describe_factory(make_env("CartPole-v1", render_mode=object()))
+    with pytest.raises(DescriptionError, match="not a ShmVecEnv description"):
+        ShmVecEnv.from_description({"env_fns": []})
+    with pytest.raises(DescriptionError, match="unknown factory description"):
+        factory_from_description({"type": "teleport"})
+
+
+# Heavy imports stay under the main guard: spawned workers re-run this script's top level.
+_CONTINUE_SCRIPT = '''
+import json, sys
+
+if __name__ == "__main__":
+    import multiprocessing
+    import torch
+    from shmvec import ShmVecEnv
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import VecMonitor
+
+    torch.set_num_threads(1)  # a tiny MLP: more threads only contend for the cores with the workers
+    assert multiprocessing.parent_process() is None  # a fresh interpreter, not a fork of the trainer
+    with open(sys.argv[1] if len(sys.argv) > 1 else "run/vec_env.json") as f:
+        description = json.load(f)
+    venv = VecMonitor(ShmVecEnv.from_description(description))
+    try:
+        model = PPO.load("run/model.zip", env=venv, device="cpu")
+        before = model.num_timesteps
+        model.learn(512, reset_num_timesteps=False)
+        print(json.dumps({"before": before, "after": model.num_timesteps, "n_envs": venv.num_envs,
+                          "start_method": venv.venv.start_method}))
+    finally:
+        venv.close()
+'''
+
+
+@pytest.fixture
+def one_torch_thread():
+    """A tiny MLP on a busy machine: torch's extra threads only spin against the workers (30x slower)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_ppo_trained_saved_and_continued_in_a_fresh_spawned_interpreter(tmp_path, one_torch_thread):
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import VecMonitor
+
+    venv = VecMonitor(ShmVecEnv([make_env("CartPole-v1")] * 4, n_workers=2, start_method="spawn"))
+    try:
+        venv.seed(5)
+        model = PPO("MlpPolicy", venv, n_steps=128, batch_size=128, n_epochs=2, seed=0, device="cpu")
+        model.learn(2500)
+        (tmp_path / "run").mkdir()
+        model.save(tmp_path / "run" / "model.zip")
+        (tmp_path / "run" / "vec_env.json").write_text(json.dumps(venv.venv.describe(), indent=1))
+        trained = model.num_timesteps
+    finally:
+        venv.close()
+    script = tmp_path / "resume.py"
+    script.write_text(_CONTINUE_SCRIPT)
+    proc = run_script(script)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["before"] == trained >= 2500
+    assert result["after"] >= trained + 512
+    assert result["n_envs"] == 4 and result["start_method"] == "spawn"
+
+
+# ---------------------------------------------------------------------------------------------
+# Start-up: parallel workers, nothing heavy, affinity, forkserver preload
+# ---------------------------------------------------------------------------------------------
+
+def test_workers_build_their_envs_in_parallel():
+    """Each env takes 1.5 s to build; the construction windows of the three workers overlap."""
+    env = ShmVecEnv([functools.partial(factory_envs.make_probe, 2, 1.5)] * 3, n_workers=3, start_method="fork")
+    try:
+        windows = env.get_attr("built")
+    finally:
+        env.close()
+    latest_start = max(start for start, _ in windows)
+    earliest_end = min(end for _, end in windows)
+    assert latest_start < earliest_end, f"workers built their envs one after another: {windows}"
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_workers_import_nothing_heavy_for_cartpole(start_method):
+    factory = make_env("CartPole-v1", wrappers=[factory_envs.ReportProcess])
+    env = ShmVecEnv([factory] * 2, n_workers=2, start_method=start_method)
+    try:
+        modules = env.env_method("loaded_modules")
+    finally:
+        env.close()
+    for mods in modules:
+        heavy = sorted({m.split(".")[0] for m in mods} & set(HEAVY))
+        assert heavy == [], f"a {start_method} worker imported {heavy}"
+        assert "gymnasium.envs.classic_control.cartpole" in mods
+
+
+def test_cpu_affinity_pins_each_worker():
+    cores = sorted(os.sched_getaffinity(0))
+    factory = make_env(factory_envs.ProbeEnv)
+    env = ShmVecEnv([factory] * 3, n_workers=3, start_method="spawn", cpu_affinity=True)
+    try:
+        assert env.env_method("cpus") == [[cores[w % len(cores)]] for w in range(3)]
+    finally:
+        env.close()
+    env = ShmVecEnv([factory] * 2, n_workers=2, start_method="fork", cpu_affinity=[cores, [cores[-1]]])
+    try:
+        assert env.env_method("cpus") == [cores, [cores[-1]]]
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="may run on cores"):
+        ShmVecEnv([factory] * 2, start_method="fork", cpu_affinity=[[max(cores) + 1000]])
+
+
+_PRELOAD_SCRIPT = '''
+import json, warnings
+
+
+def main():
+    from shmvec import ShmVecEnv, make_env
+    factory = make_env("CartPole-v1", wrappers=["factory_envs:ReportProcess"])
+    result = {}
+    venv = ShmVecEnv([factory] * 2, n_workers=2, start_method="forkserver", preload=["factory_envs"])
+    try:
+        result["pids"] = venv.env_method("pid")
+        result["import_pids"] = venv.env_method("import_pid")
+    finally:
+        venv.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        venv = ShmVecEnv([factory], start_method="forkserver", preload=["xml.dom.minidom"])
+        venv.close()
+    result["warnings"] = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_forkserver_preload_imports_once_and_warns_when_too_late(tmp_path):
+    script = tmp_path / "preload.py"
+    script.write_text(_PRELOAD_SCRIPT)
+    proc = run_script(script)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    # Preloaded: the module was imported by the forkserver, not by the workers.
+    assert all(ip != pid for ip, pid in zip(result["import_pids"], result["pids"])), result
+    assert len(set(result["import_pids"])) == 1
+    # The forkserver was running by then: preloading more cannot work, and says so.
+    assert len(result["warnings"]) == 1 and "already running" in result["warnings"][0]
+
+
+def test_preload_needs_forkserver():
+    with pytest.raises(ValueError, match="forkserver"):
+        ShmVecEnv([make_env("CartPole-v1")], start_method="spawn", preload=["json"])
+
+
+# ---------------------------------------------------------------------------------------------
+# One env per process
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_envs_per_worker_one_gives_each_env_its_own_process(start_method):
+    fns = [functools.partial(factory_envs.make_singleton_sim, 3)] * 3
+    env = ShmVecEnv(fns, envs_per_worker=1, start_method=start_method)
+    try:
+        assert env.n_workers == 3
+        env.reset()
+        env.step(np.zeros(3, dtype=np.int64))
+        assert len(set(env.env_method("pid"))) == 3
+    finally:
+        env.close()
+
+
+def test_a_second_instance_in_one_process_is_refused():
+    fns = [functools.partial(factory_envs.make_singleton_sim, 3)] * 3
+    with pytest.raises(RuntimeError, match="one per process"):
+        ShmVecEnv(fns, n_workers=2, start_method="fork")
+    env = ShmVecEnv(fns, n_workers=3, start_method="fork")  # n_workers=n_envs: the same as envs_per_worker=1
+    env.close()
+
+
+def test_envs_per_worker_arguments():
+    fns = [factory_envs.make_probe] * 5
+    env = ShmVecEnv(fns, envs_per_worker=2, start_method="fork")
+    try:
+        assert env.n_workers == 3
+        assert [len(sl) for sl in env.slices] == [2, 2, 1]
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="contradicts"):
+        ShmVecEnv(fns, envs_per_worker=1, n_workers=2, start_method="fork")
+    with pytest.raises(ValueError, match="envs_per_worker"):
+        ShmVecEnv(fns, envs_per_worker=0, start_method="fork")
