@@ -7,7 +7,7 @@ setup(
         [
             Extension(
                 "shmvec._core",
-                sources=["shmvec/_core.pyx", "csrc/shmvec_sync.c"],
+                sources=["shmvec/_core.pyx", "csrc/shmvec_sync.c", "csrc/shmvec_queue.c"],
                 include_dirs=["csrc"],
                 extra_compile_args=["-O2", "-std=c11"],
             )

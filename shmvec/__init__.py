@@ -10,6 +10,11 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 __all__ = [
     "ShmVecEnv",
+    "ShmVectorEnv",
+    "make_vec",
+    "ShmEnvPool",
+    "ShmVecEnvPool",
+    "PoolReplayBuffer",
     "ShmVecEnvError",
     "WorkerDiedError",
     "WorkerTimeoutError",
@@ -55,6 +60,9 @@ if TYPE_CHECKING:  # pragma: no cover
         spawn_seeds,
     )
     from shmvec.shm_vec_env import ShmVecEnv
+    from shmvec.shm_vector_env import ShmVectorEnv, make_vec
+    from shmvec.env_pool import ShmEnvPool
+    from shmvec.vec_env_pool import PoolReplayBuffer, ShmVecEnvPool
 
 
 def __getattr__(name: str) -> Any:
@@ -62,6 +70,18 @@ def __getattr__(name: str) -> Any:
         from shmvec.shm_vec_env import ShmVecEnv
 
         return ShmVecEnv
+    if name in ("ShmVectorEnv", "make_vec"):
+        from shmvec import shm_vector_env
+
+        return getattr(shm_vector_env, name)
+    if name == "ShmEnvPool":
+        from shmvec.env_pool import ShmEnvPool
+
+        return ShmEnvPool
+    if name in ("ShmVecEnvPool", "PoolReplayBuffer"):
+        from shmvec import vec_env_pool
+
+        return getattr(vec_env_pool, name)
     if name in _FACTORY_NAMES:
         from shmvec import factories
 

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Private Cython wrapper of csrc/shmvec_sync.c: shared 32-bit words.
+"""Private Cython wrapper of csrc/: shared 32-bit words (shmvec_sync) and the index queue (shmvec_queue).
 
 The only compiled module of shmvec.  Python code never touches a word except
 through :class:`Words`; the memory ordering of each call is the one documented
@@ -134,3 +134,168 @@ cdef class Words:
 def now_ns():
     """CLOCK_MONOTONIC in nanoseconds (the clock the waits use)."""
     return shmvec_now_ns()
+
+
+# ---- the index queue (csrc/shmvec_queue.h) ---------------------------------------------------------
+
+from shmvec._queue_def cimport (
+    SHMVEC_QUEUE_BAD_ARG,
+    SHMVEC_QUEUE_EMPTY,
+    SHMVEC_QUEUE_MAX_VALUE,
+    shmvec_queue_bytes,
+    shmvec_queue_capacity,
+    shmvec_queue_capacity_for,
+    shmvec_queue_init,
+    shmvec_queue_pop,
+    shmvec_queue_push,
+    shmvec_queue_push_urgent,
+    shmvec_queue_size,
+    shmvec_queue_wait_count,
+    shmvec_queue_try_pop,
+)
+
+QUEUE_MAX_VALUE = SHMVEC_QUEUE_MAX_VALUE
+
+
+def queue_bytes(uint32_t capacity):
+    """Bytes a queue of ``capacity`` slots (a power of two) takes in the buffer."""
+    cdef size_t n = shmvec_queue_bytes(capacity)
+    if n == 0:
+        raise ValueError(f"queue capacity must be a power of two in [1, 2**30], got {capacity}")
+    return n
+
+
+def queue_capacity_for(uint32_t n):
+    """The smallest power of two >= ``n``: a capacity that holds ``n`` values."""
+    return shmvec_queue_capacity_for(n)
+
+
+cdef class IndexQueue:
+    """A bounded multi-producer single-consumer queue of ints in a shared buffer.
+
+    ``IndexQueue(buffer, offset, capacity, init=True)`` lays out an empty queue at
+    ``offset`` (64-byte aligned) bytes into ``buffer``; other processes attach to the
+    same bytes with ``init=False``.  Any number of processes may :meth:`push` at
+    once; only one process may :meth:`pop`/:meth:`try_pop`.  No more than
+    ``capacity`` values may be outstanding (a push beyond waits for the consumer).
+    The memory ordering is documented in ``csrc/shmvec_queue.h``: what a producer
+    wrote before ``push(i)`` is visible to the consumer once ``pop`` returns ``i``.
+    """
+
+    cdef uint32_t *q
+    cdef object view
+
+    def __cinit__(self, buffer, Py_ssize_t offset, uint32_t capacity, bint init=True):
+        cdef unsigned char[::1] mv = buffer
+        cdef size_t nbytes = shmvec_queue_bytes(capacity)
+        if nbytes == 0:
+            raise ValueError(f"queue capacity must be a power of two in [1, 2**30], got {capacity}")
+        if offset < 0 or offset + <Py_ssize_t>nbytes > mv.shape[0]:
+            raise ValueError(f"queue [{offset}, {offset + nbytes}) outside a buffer of {mv.shape[0]} bytes")
+        if (<uintptr_t>&mv[offset]) % 64 != 0:
+            raise ValueError("the queue must be 64-byte aligned")
+        self.q = <uint32_t *>&mv[offset]
+        self.view = mv
+        if init:
+            if shmvec_queue_init(self.q, capacity) != SHMVEC_OK:
+                raise ValueError("bad queue arguments")
+        elif shmvec_queue_capacity(self.q) != capacity:
+            cap = shmvec_queue_capacity(self.q)
+            self.q = NULL
+            self.view = None
+            raise ValueError(f"the queue at offset {offset} has capacity {cap}, not {capacity}")
+
+    def release(self):
+        """Drops the view of the buffer; every later call raises ValueError."""
+        self.q = NULL
+        self.view = None
+
+    cdef inline uint32_t *_q(self) except NULL:
+        if self.q == NULL:
+            raise ValueError("IndexQueue used after release()")
+        return self.q
+
+    @property
+    def capacity(self):
+        return shmvec_queue_capacity(self._q())
+
+    def __len__(self):
+        """Values pushed and not yet popped (a snapshot)."""
+        return shmvec_queue_size(self._q())
+
+    def push(self, uint32_t value, bint urgent=False):
+        """Appends ``value`` (0 <= value <= QUEUE_MAX_VALUE); safe from any process, concurrently.
+
+        ``urgent`` wakes a consumer in :meth:`wait_count` even if its batch is not complete.
+        """
+        cdef uint32_t *q = self._q()
+        cdef int rc
+        if value > SHMVEC_QUEUE_MAX_VALUE:
+            raise ValueError(f"value {value} exceeds QUEUE_MAX_VALUE")
+        with nogil:
+            rc = shmvec_queue_push_urgent(q, value) if urgent else shmvec_queue_push(q, value)
+        if rc < 0:
+            raise OSError(-rc, "queue push failed")
+
+    def push_many(self, const uint32_t[::1] values):
+        """Appends every value of a contiguous uint32 array, in order, without the GIL."""
+        cdef uint32_t *q = self._q()
+        cdef Py_ssize_t k, n = values.shape[0]
+        cdef int rc = 0
+        for k in range(n):
+            if values[k] > SHMVEC_QUEUE_MAX_VALUE:
+                raise ValueError(f"value {values[k]} exceeds QUEUE_MAX_VALUE")
+        with nogil:
+            for k in range(n):
+                rc = shmvec_queue_push(q, values[k])
+                if rc < 0:
+                    break
+        if rc < 0:
+            raise OSError(-rc, "queue push failed")
+
+    def wait_count(self, uint32_t n, double timeout, double spin=0.0):
+        """True at once if ``n`` values are published and not popped; else waits (GIL released)
+        until woken by the push that completes the ``n`` or an urgent push (asleep: once per
+        batch, not once per value), or until any push (while spinning), and returns True:
+        pop what is there and call again for the rest.  False after ``timeout`` seconds or a
+        signal (its handler runs first).  Consumer only."""
+        cdef uint32_t *q = self._q()
+        cdef int64_t spin_ns = <int64_t>(spin * 1e9) if spin > 0 else 0
+        cdef int64_t timeout_ns = <int64_t>(timeout * 1e9) if timeout >= 0 else -1
+        cdef int rc
+        with nogil:
+            rc = shmvec_queue_wait_count(q, n, spin_ns, timeout_ns)
+        if rc == SHMVEC_OK:
+            return True
+        if rc == SHMVEC_TIMEOUT:
+            return False
+        if rc == SHMVEC_INTERRUPTED:
+            PyErr_CheckSignals()
+            return False
+        raise OSError(-rc, "queue wait failed")
+
+    def try_pop(self):
+        """The next value, or None if none is ready.  Consumer only."""
+        cdef uint32_t value = 0
+        if shmvec_queue_try_pop(self._q(), &value) == SHMVEC_OK:
+            return value
+        return None
+
+    def pop(self, double timeout, double spin=0.0):
+        """Waits for the next value (GIL released); None after ``timeout`` seconds (< 0: no
+        limit) or when a signal arrived (its handler runs first).  Consumer only."""
+        cdef uint32_t *q = self._q()
+        cdef uint32_t value = 0
+        cdef int64_t spin_ns = <int64_t>(spin * 1e9) if spin > 0 else 0
+        cdef int64_t timeout_ns = <int64_t>(timeout * 1e9) if timeout >= 0 else -1
+        cdef int rc
+        with nogil:
+            rc = shmvec_queue_pop(q, spin_ns, timeout_ns, &value)
+        if rc == SHMVEC_OK:
+            return value
+        if rc == SHMVEC_TIMEOUT:
+            return None
+        if rc == SHMVEC_INTERRUPTED:
+            PyErr_CheckSignals()
+            return None
+        raise OSError(-rc, "queue pop failed")

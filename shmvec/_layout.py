@@ -118,7 +118,7 @@ class Layout:
             add("obs", leaf.path, (n_envs, *leaf.shape), leaf.dtype)
         for leaf in self.obs_leaves:
             add("term_obs", leaf.path, (n_envs, *leaf.shape), leaf.dtype)
-        add("rew", None, (n_envs,), np.dtype(np.float32))
+        add("rew", None, (n_envs,), np.dtype(np.float64))
         add("terminated", None, (n_envs,), np.dtype(np.bool_))
         add("truncated", None, (n_envs,), np.dtype(np.bool_))
         add("mailbox", None, (n_workers, mailbox_bytes), np.dtype(np.uint8))

@@ -10,11 +10,11 @@ computed identically on both sides by :class:`shmvec._layout.Layout`)::
     actions         one buffer per leaf of the action space, (n_envs, *shape)
     observations    one buffer per leaf of the observation space, (n_envs, *shape)
     terminal obs    same shapes: the observation an episode ended on
-    rewards         float32 (n_envs,)
+    rewards         float64 (n_envs,) (ShmVecEnv hands SB3 float32, as DummyVecEnv)
     terminated      bool (n_envs,)
     truncated       bool (n_envs,)
-    mailboxes       n_workers x mailbox_bytes: pickled seeds/options going in,
-                    non-empty infos coming out
+    mailboxes       n_workers x mailbox_bytes: pickled seeds/options (and a
+                    reset mask) going in, non-empty infos coming out
 
 Worker w owns the envs ``[start_w, stop_w)``: a contiguous slice.
 
@@ -54,11 +54,29 @@ FUTEX_WAIT sees the new value (csrc/shmvec_sync.h).  Waiters spin first
 (yielding their core between bursts): the parent only when a core is free for
 it, a worker only while the parent has lately answered within its budget.
 
+Autoreset modes (fixed per vec env, given to each worker at start)
+-----------------------------------------------------------------
+- same_step (SB3's VecEnv, Gymnasium's SAME_STEP): an env that ends in a STEP
+  writes its last observation into terminal obs and is reset in the same
+  STEP; the observation slot holds the reset observation.  Its item in the
+  mailbox is (index, step info, reset info) when either is non-empty.
+- next_step (Gymnasium's NEXT_STEP): the worker remembers which envs ended;
+  on the next STEP it resets them instead of stepping them (their action is
+  ignored, reward 0, flags False, the reset info is their info).
+- disabled (Gymnasium's DISABLED): never resets; the parent refuses to step an
+  env that ended until a RESET with a mask (the third element of the pickled
+  RESET argument, one bool per env of the worker's slice) has reset it.
+A RESET clears the worker's memory of ended envs for the envs it resets.
+
 Rare commands (get_attr, set_attr, env_method, render, is_wrapped)
 -------------------------------------------------------------------
 The parent sends ``(name, args)`` on worker w's pipe, then CMD[w] <- PIPE and
 bumps CMD_SEQ[w] (a sleeping worker waits on the futex, not on the pipe).  The
 worker receives, runs it, and answers on the pipe.  PENDING is not used.
+
+POOL (the asynchronous pool, shmvec._pool): a synchronous command like STEP
+whose body serves single envs from the worker's in queue until it pops STOP;
+its completion (steps 5-8 above) happens when the pool stops.
 
 CLOSE: CMD[w] <- CLOSE and bump; the worker closes its envs, sends a last
 message (None, or the first exception) and exits.
@@ -105,6 +123,7 @@ class Cmd(enum.IntEnum):
     RESET = 2
     PIPE = 3
     CLOSE = 4
+    POOL = 5  # serve the asynchronous pool until STOP (shmvec._pool)
 
 
 class Status(enum.IntEnum):
@@ -123,5 +142,11 @@ POLL_S = 0.05
 PARENT_POLL_S = 0.2
 # Shortest spin before a futex sleep (seconds): catches answers already on their way.
 MIN_SPIN_S = 2e-6
+# Autoreset modes of a worker (see the module docstring).
+AUTORESET_SAME_STEP = "same_step"
+AUTORESET_NEXT_STEP = "next_step"
+AUTORESET_DISABLED = "disabled"
+AUTORESET_MODES = (AUTORESET_SAME_STEP, AUTORESET_NEXT_STEP, AUTORESET_DISABLED)
+
 # Default size of each worker's mailbox (bytes); larger results use the pipe.
 MAILBOX_BYTES = 1 << 20

@@ -115,7 +115,7 @@ def _build_envs(env_fns_bytes: bytes, env_range: range) -> list[gym.Env]:
 
 class _Worker:
     def __init__(self, index: int, env_range: range, envs: list[gym.Env], conn: Connection,
-                 parent: _ParentWatch, spin: float) -> None:
+                 parent: _ParentWatch, spin: float, autoreset: str = P.AUTORESET_SAME_STEP) -> None:
         self.index = index
         self.start, self.stop = env_range.start, env_range.stop
         self.envs = envs
@@ -125,6 +125,16 @@ class _Worker:
         self.current: int | None = None
         self.shm: SharedMemory | None = None
         self.words: Words | None = None
+        # Autoreset (see _protocol): SAME_STEP resets a finished env within the step that ended it
+        # (SB3, and Gymnasium's SAME_STEP); NEXT_STEP resets it instead of stepping it on the next
+        # step; DISABLED never resets on its own.
+        if autoreset not in P.AUTORESET_MODES:
+            raise ValueError(f"unknown autoreset mode {autoreset!r}, expected one of {P.AUTORESET_MODES}")
+        self.autoreset = autoreset
+        self.step_body = {P.AUTORESET_SAME_STEP: self._step, P.AUTORESET_NEXT_STEP: self._step_next_reset,
+                          P.AUTORESET_DISABLED: self._step_next_reset}[autoreset]
+        self.finished = [False] * (self.stop - self.start)  # NEXT_STEP: envs to reset on the next step
+        self.pool: Any = None  # the asynchronous pool's server (shmvec._pool), once attached
 
     # ---- set-up --------------------------------------------------------------------------------
     def attach(self, shm_name: str, n_envs: int, n_workers: int, mailbox_bytes: int) -> None:
@@ -152,6 +162,9 @@ class _Worker:
         self.seen = self.words.load(P.word(self.index, P.CMD_SEQ))
 
     def detach(self) -> None:
+        if self.pool is not None:
+            self.pool.detach()
+            self.pool = None
         self.read_actions = self.write_obs = self.write_term = None  # type: ignore[assignment]
         self.rew = self.terminated = self.truncated = None  # type: ignore[assignment]
         if getattr(self, "mailbox", None) is not None:
@@ -192,9 +205,11 @@ class _Worker:
             seen = value
             cmd = words.load(P.word(self.index, P.CMD))
             if cmd == P.Cmd.STEP:
-                self._sync_command(seen, "step", self._step)
+                self._sync_command(seen, "step", self.step_body)
             elif cmd == P.Cmd.RESET:
                 self._sync_command(seen, "reset", self._reset)
+            elif cmd == P.Cmd.POOL:
+                self._sync_command(seen, "pool", self.pool.run)
             elif cmd == P.Cmd.PIPE:
                 self._pipe_command()
             elif cmd == P.Cmd.CLOSE:
@@ -263,13 +278,50 @@ class _Worker:
         self.truncated[start:self.stop] = truncs
         return items
 
+    def _step_next_reset(self) -> list:
+        """NEXT_STEP autoreset: an env that finished on the previous step is reset, not stepped
+        (its action is ignored, its reward is 0 and its flags False; its info is the reset info).
+        DISABLED: the same, but nothing is marked finished (the parent resets ended envs)."""
+        start = self.start
+        write_obs, finished = self.write_obs, self.finished
+        next_step = self.autoreset == P.AUTORESET_NEXT_STEP
+        rews, terms, truncs, items = [], [], [], []
+        i = start
+        try:
+            for j, (env, action) in enumerate(zip(self.envs, self.read_actions())):
+                if finished[j]:
+                    obs, info = env.reset()
+                    rew, term, trunc = 0.0, False, False
+                else:
+                    obs, rew, term, trunc, info = env.step(action)
+                finished[j] = next_step and bool(term or trunc)
+                rews.append(rew)
+                terms.append(term)
+                truncs.append(trunc)
+                if info:
+                    items.append((i, info, None))
+                write_obs(i, obs)
+                i += 1
+        except BaseException:
+            self.current = i
+            raise
+        self.rew[start:self.stop] = rews
+        self.terminated[start:self.stop] = terms
+        self.truncated[start:self.stop] = truncs
+        return items
+
     def _reset(self) -> list:
         words = self.words
         assert words is not None
         arg_len = words.load(P.word(self.index, P.ARG_LEN))
-        seeds, options = pickle.loads(self.mailbox[:arg_len]) if arg_len else (None, None)
+        args = pickle.loads(self.mailbox[:arg_len]) if arg_len else (None, None)
+        seeds, options = args[0], args[1]
+        mask = args[2] if len(args) > 2 else None  # reset only these envs (Gymnasium's reset_mask)
         items = []
         for j, env in enumerate(self.envs):
+            if mask is not None and not mask[j]:
+                continue
+            self.finished[j] = False
             i = self.current = self.start + j
             seed = seeds[j] if seeds is not None else None
             opts = options[j] if options is not None else None
@@ -308,10 +360,21 @@ class _Worker:
                 out.append(None)
             elif name == "env_method":
                 out.append(env.get_wrapper_attr(args[1])(*args[2], **args[3]))
+            elif name == "call":  # Gymnasium's VectorEnv.call: call it if callable, else return it
+                attr = env.get_wrapper_attr(args[1])
+                out.append(attr(*args[2], **args[3]) if callable(attr) else attr)
+            elif name == "set_wrapper_attr":  # Gymnasium's VectorEnv.set_attr: one value per env index
+                env.set_wrapper_attr(args[1], args[2][i])
+                out.append(None)
             elif name == "is_wrapped":
                 out.append(_is_wrapped(env, args[1]))
             elif name == "render":
                 out.append(env.render())
+            elif name == "pool_attach":  # once per worker: attach the pool's segment (shmvec._pool)
+                from shmvec._pool import PoolServer
+
+                self.pool = PoolServer(self, *args[1:])
+                out.append(None)
             else:
                 raise ShmVecEnvError(f"unknown command {name!r}")
         return out
@@ -348,7 +411,8 @@ def _recv(conn: Connection, parent: _ParentWatch) -> Any:
 
 
 def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connection, parent_pid: int,
-                threads: int | None, spin: float, affinity: frozenset[int] | None = None) -> None:
+                threads: int | None, spin: float, affinity: frozenset[int] | None = None,
+                autoreset: str = P.AUTORESET_SAME_STEP) -> None:
     """Entry point of a worker process (the target of ``multiprocessing.Process``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
     if affinity:  # before any env (or thread pool) is built: threads inherit the mask
@@ -363,7 +427,7 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
             conn.send(("error", pack_exception(exc, env_index=None, worker=index, command="env construction")))
             return
         _cap_threads(threads, after_envs=True)
-        worker = _Worker(index, env_range, envs, conn, parent, spin)
+        worker = _Worker(index, env_range, envs, conn, parent, spin, autoreset)
         first = envs[0]
         conn.send(("spaces", (first.observation_space, first.action_space,
                               getattr(first, "render_mode", None), dict(first.metadata))))

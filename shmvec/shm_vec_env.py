@@ -196,6 +196,8 @@ class ShmVecEnv(VecEnv):
     waiting = False
     _broken: BaseException | None = None
     _res: _Resources | None = None
+    # How workers reset finished envs (_protocol): SB3 expects the reset within the same step.
+    _autoreset: str = P.AUTORESET_SAME_STEP
 
     def __init__(
         self,
@@ -284,7 +286,7 @@ class ShmVecEnv(VecEnv):
             proc = ctx.Process(
                 target=worker_main,
                 args=(w, sl, payloads[w], child_conn, os.getpid(), threads, self._worker_spin),
-                kwargs={"affinity": self._cpu_sets[w]},
+                kwargs={"affinity": self._cpu_sets[w], "autoreset": self._autoreset},
                 daemon=True,
                 name=f"shmvec-worker-{w}",
             )
@@ -350,17 +352,32 @@ class ShmVecEnv(VecEnv):
         self._check_usable()
         if self.waiting:
             raise AlreadyPendingCallError("reset() while a step is in flight: call step_wait() first")
+        results = self._reset_workers(self._seeds, self._options)
+        self.reset_infos = [{} for _ in range(self.num_envs)]
+        for items in results:
+            for i, info in items:
+                self.reset_infos[i] = info
+        self._reset_seeds()
+        self._reset_options()
+        return self._obs_copy(slice(None)) if self.copy else self._obs_view(slice(None))
+
+    def _reset_workers(self, all_seeds: list, all_options: list, mask: np.ndarray | None = None) -> list[list]:
+        """Runs RESET (of the envs in ``mask``, or all) with per-env seeds and options; returns the items."""
         # No local name for a view of the buffers here or in _write_actions: the traceback of an
         # exception raised below would keep the mapping (and its fd) alive after close().
         mailbox_bytes = self._layout.mailbox_bytes
         for w, sl in enumerate(self.slices):
-            seeds = self._seeds[sl.start:sl.stop]
-            options = self._options[sl.start:sl.stop]
+            seeds = all_seeds[sl.start:sl.stop]
+            options = all_options[sl.start:sl.stop]
             has_seeds = any(s is not None for s in seeds)
             has_options = any(bool(o) for o in options)
             arg_len = 0
-            if has_seeds or has_options:
+            if mask is not None:
+                data = pickle.dumps((seeds if has_seeds else None, options if has_options else None,
+                                     mask[sl.start:sl.stop].tolist()), protocol=5)
+            elif has_seeds or has_options:
                 data = pickle.dumps((seeds if has_seeds else None, options if has_options else None), protocol=5)
+            if mask is not None or has_seeds or has_options:
                 if len(data) >= mailbox_bytes:
                     raise ValueError(
                         f"reset options of envs {sl.start}..{sl.stop - 1} take {len(data)} bytes, more than the "
@@ -370,14 +387,7 @@ class ShmVecEnv(VecEnv):
                 arg_len = len(data)
             self._words.store(P.word(w, P.ARG_LEN), arg_len)
         self._post(P.Cmd.RESET)
-        results = self._complete("reset")
-        self.reset_infos = [{} for _ in range(self.num_envs)]
-        for items in results:
-            for i, info in items:
-                self.reset_infos[i] = info
-        self._reset_seeds()
-        self._reset_options()
-        return self._obs_copy(slice(None)) if self.copy else self._obs_view(slice(None))
+        return self._complete("reset")
 
     def step_async(self, actions: np.ndarray) -> None:
         """Writes ``actions`` into shared memory and starts every worker.
@@ -423,7 +433,7 @@ class ShmVecEnv(VecEnv):
         for i in done_indices:
             infos[i]["terminal_observation"] = self._term_obs(i)
         obs = self._obs_copy(slice(None)) if self.copy else self._obs_view(slice(None))
-        return obs, views.rew.copy(), dones, infos
+        return obs, views.rew.astype(np.float32), dones, infos
 
     def close(self) -> None:
         """Stops the workers and frees the shared memory.  Idempotent, bounded in time.

@@ -1,0 +1,189 @@
+"""The asynchronous env pool's shared memory and its worker side.
+
+The pool runs on the engine of :class:`shmvec.ShmVecEnv` (same workers, same
+observation/action/reward buffers, same command protocol) plus one more
+shared-memory segment, laid out by :class:`PoolLayout`::
+
+    out queue       IndexQueue (csrc/shmvec_queue.h): every worker pushes the
+                    index of each env it finished stepping; the parent pops
+    in queue w      IndexQueue per worker: the parent pushes the local index of
+                    each env of worker w it sent an action to; worker w pops
+    info lengths    uint32 (n_envs,): bytes of env i's pickled info, 0 if none
+    info slots      n_envs x info_bytes: env i's pickled info
+
+Who writes what, in which order
+-------------------------------
+The parent posts the synchronous command POOL (protocol of :mod:`shmvec._protocol`):
+every worker enters :meth:`PoolServer.run` and stays there until it pops STOP.
+
+  parent  1. send(): writes env i's action row; marks i in flight;
+             pushes i - start_w into in queue w (release: the action is visible
+             to the worker that pops it)
+  worker  2. pops j (acquire); steps env i = start_w + j; writes row i of the
+             observations (and terminal observations), rewards, terminated,
+             truncated, and its info slot and info length
+          3. pushes i into the out queue (release: step 2 is visible to the parent
+             that pops i)
+  parent  4. recv(): waits until batch_size indices are published (woken once,
+             by the push that completes the batch), pops them (acquire); reads
+             their rows; unmarks them.  It never writes a row of an env in flight, and a worker only
+             writes rows of envs it popped and has not pushed back yet.
+
+Stopping: the parent pushes STOP into every in queue; each worker, having
+finished everything queued before it, returns from POOL and completes the
+command (PENDING, protocol step 6).  Rare commands, reset and close run with
+the pool stopped; results already in the out queue stay there.
+
+Failures: an env that raises makes its worker push ERROR_BIT | w into the out
+queue (so a parent waiting in recv() wakes up) and leave POOL with STATUS=ERROR;
+the parent stops the pool and re-raises the exception through the usual path.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+
+from shmvec import _protocol as P
+from shmvec._core import IndexQueue, QUEUE_MAX_VALUE, queue_bytes, queue_capacity_for
+from shmvec._layout import ALIGN, Layout, make_gather
+
+STOP = QUEUE_MAX_VALUE
+ERROR_BIT = 1 << 31
+DEFAULT_INFO_BYTES = 4096
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class PoolLayout:
+    """Offsets in the pool segment; computed identically by the parent and the workers."""
+
+    def __init__(self, slices: list[range], info_bytes: int) -> None:
+        n_envs = slices[-1].stop
+        self.info_bytes = info_bytes
+        self.out_capacity = queue_capacity_for(n_envs + len(slices) + 1)
+        self.in_capacity = [queue_capacity_for(len(sl) + 2) for sl in slices]
+        offset = 0
+        self.out_offset = offset
+        offset = _align(offset + queue_bytes(self.out_capacity))
+        self.in_offsets = []
+        for cap in self.in_capacity:
+            self.in_offsets.append(offset)
+            offset = _align(offset + queue_bytes(cap))
+        self.len_offset = offset
+        offset = _align(offset + 4 * n_envs)
+        self.info_offset = offset
+        offset = _align(offset + info_bytes * n_envs)
+        self.n_envs = n_envs
+        self.nbytes = max(offset, ALIGN)
+
+    def info_views(self, buf: memoryview) -> tuple[np.ndarray, np.ndarray]:
+        lengths = np.frombuffer(buf, dtype=np.uint32, count=self.n_envs, offset=self.len_offset)
+        slots = np.frombuffer(buf, dtype=np.uint8, count=self.n_envs * self.info_bytes,
+                              offset=self.info_offset).reshape(self.n_envs, self.info_bytes)
+        return lengths, slots
+
+
+class InfoTooLargeError(ValueError):
+    """An env's pickled info does not fit the pool's per-env slot (``info_bytes``)."""
+
+
+class PoolServer:
+    """Worker side of the pool: steps single envs as their indices arrive (see the module docstring)."""
+
+    def __init__(self, worker: Any, shm_name: str, slices: list[range], n_envs: int, n_workers: int,
+                 mailbox_bytes: int, info_bytes: int, spin: float) -> None:
+        from multiprocessing.shared_memory import SharedMemory
+
+        self.worker = worker
+        self.spin = spin
+        self.layout = layout = PoolLayout(slices, info_bytes)
+        self.shm = SharedMemory(name=shm_name)
+        buf = self.shm.buf
+        w = worker.index
+        self.out_q = IndexQueue(buf, layout.out_offset, layout.out_capacity, False)
+        self.in_q = IndexQueue(buf, layout.in_offsets[w], layout.in_capacity[w], False)
+        self.info_len, self.info_slots = layout.info_views(buf)
+        env = worker.envs[0]
+        main = Layout(env.observation_space, env.action_space, n_envs, n_workers, mailbox_bytes)
+        views = main.views(worker.shm.buf)
+        self.read_action = make_gather(env.action_space, views.act, copy=True)
+        self._views = views
+
+    def detach(self) -> None:
+        self.read_action = None  # type: ignore[assignment]
+        self._views = None
+        self.info_len = self.info_slots = None  # type: ignore[assignment]
+        for q in (self.out_q, self.in_q):
+            q.release()
+        self.shm.close()
+
+    def run(self) -> list:
+        """The POOL command: serve env indices until STOP.  Returns no items (infos go to the slots)."""
+        worker = self.worker
+        in_q, out_q = self.in_q, self.out_q
+        start = worker.start
+        step = self._step_same if worker.autoreset == P.AUTORESET_SAME_STEP else self._step_next
+        while True:
+            j = in_q.pop(P.PARENT_POLL_S, self.spin)
+            if j is None:
+                if not worker.parent.alive():
+                    return []
+                continue
+            if j == STOP:
+                return []
+            i = start + j
+            try:
+                step(j, i)
+            except BaseException:
+                worker.current = i
+                out_q.push(ERROR_BIT | worker.index, True)  # urgent: wakes a waiting recv()
+                raise
+            out_q.push(i)
+
+    def _put_info(self, i: int, info: Any) -> None:
+        if not info:
+            self.info_len[i] = 0
+            return
+        data = pickle.dumps(info, protocol=5)
+        n = len(data)
+        if n > self.layout.info_bytes:
+            raise InfoTooLargeError(
+                f"the info of env {i} takes {n} bytes, more than the pool's info_bytes={self.layout.info_bytes}: "
+                "pass a larger info_bytes to the pool"
+            )
+        self.info_slots[i, :n] = np.frombuffer(data, dtype=np.uint8)
+        self.info_len[i] = n
+
+    def _step_next(self, j: int, i: int) -> None:
+        worker = self.worker
+        env = worker.envs[j]
+        if worker.finished[j]:
+            obs, info = env.reset()
+            rew, term, trunc = 0.0, False, False
+        else:
+            obs, rew, term, trunc, info = env.step(self.read_action(i))
+        worker.finished[j] = bool(term or trunc)
+        worker.write_obs(i, obs)
+        worker.rew[i] = rew
+        worker.terminated[i] = term
+        worker.truncated[i] = trunc
+        self._put_info(i, info)
+
+    def _step_same(self, j: int, i: int) -> None:
+        worker = self.worker
+        env = worker.envs[j]
+        obs, rew, term, trunc, info = env.step(self.read_action(i))
+        reset_info = None
+        if term or trunc:
+            worker.write_term(i, obs)
+            obs, reset_info = env.reset()
+        worker.write_obs(i, obs)
+        worker.rew[i] = rew
+        worker.terminated[i] = term
+        worker.truncated[i] = trunc
+        self._put_info(i, (info, reset_info) if (info or reset_info) else None)

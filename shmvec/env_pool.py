@@ -1,0 +1,436 @@
+"""ShmEnvPool: an EnvPool-style asynchronous pool of Python envs on the ShmVecEnv engine.
+
+``num_envs`` envs, of which ``batch_size`` come back at a time::
+
+    pool = ShmEnvPool(env_fns, batch_size=16)          # num_envs = len(env_fns), e.g. 64
+    obs, rew, term, trunc, infos = pool.reset(seed=0)  # the first batch_size envs to be ready
+    while True:
+        actions = policy(obs)
+        pool.send(actions, infos["env_id"])            # they step in the workers...
+        obs, rew, term, trunc, infos = pool.recv()     # ...the first batch_size to finish come back
+
+Slow envs no longer hold back fast ones, and the learner overlaps with stepping (``send`` returns
+at once).  Workers publish the index of each env they finished into a lock-free queue in shared
+memory (``csrc/shmvec_queue.h``); ``recv`` waits until ``batch_size`` are there.  The protocol is
+written down in :mod:`shmvec._pool`.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import secrets
+import weakref
+from collections.abc import Callable, Sequence
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from shmvec import _pool
+from shmvec import _protocol as P
+from shmvec._core import IndexQueue
+from shmvec._errors import ClosedVecEnvError, ShmVecEnvError, WorkerTimeoutError
+from shmvec._layout import close_mapping, make_gather
+from shmvec.shm_vector_env import _Engine
+
+_CLOSE_S = 5.0
+
+
+class _InfoBatch:
+    """Stands in for a VectorEnv of ``batch_size`` envs so that Gymnasium's own ``_add_info`` builds the infos."""
+
+    def __init__(self, n: int) -> None:
+        self.num_envs = n
+
+    _add_info = VectorEnv._add_info
+
+
+class _PoolResources:
+    """The pool segment and its queues; class-level defaults make ``release()`` safe half-built."""
+
+    shm: SharedMemory | None = None
+    queues: list = []
+    views: Any = None
+    unlinked = False
+    released = False
+
+    def unlink(self) -> None:
+        if self.shm is not None and not self.unlinked:
+            self.unlinked = True
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        for q in self.queues:
+            q.release()
+        self.queues = []
+        self.views = None
+        if self.shm is not None:
+            self.unlink()
+            close_mapping(self.shm)
+
+
+class ShmEnvPool:
+    """An asynchronous pool: ``send(actions, env_ids)`` then ``recv()`` the first ``batch_size`` envs done.
+
+    Returns Gymnasium-style batches: ``(obs, rewards, terminated, truncated, infos)`` with one row
+    per returned env, and ``infos["env_id"]`` (int64) naming the env of each row, in the order they
+    finished.  Other infos are a dict of arrays with ``_key`` masks (Gymnasium's ``_add_info``).
+
+    Autoreset: ``NEXT_STEP`` (default, as EnvPool) -- an env that ended is reset on its next
+    ``send`` (its action is ignored, reward 0, flags False); or ``SAME_STEP`` -- reset at once,
+    ``infos["final_obs"]``/``infos["final_info"]`` carry the episode's end.
+
+    :param env_fns: callables that each build a new ``gymnasium.Env``.
+    :param batch_size: envs per ``recv`` (default ``num_envs``: synchronous).  At least
+        ``batch_size`` envs must be in flight when ``recv`` is called.
+    :param autoreset_mode: ``AutoresetMode.NEXT_STEP`` or ``SAME_STEP``.
+    :param info_bytes: room per env for its pickled info (a larger info raises in the worker).
+    :param n_workers, start_method, worker_threads, timeout, spin_us: as for :class:`shmvec.ShmVecEnv`;
+        so are further keyword arguments (``envs_per_worker``, ``cpu_affinity``, ``preload``, ...).
+
+    :raises ValueError: a bad ``batch_size`` or autoreset mode.
+    """
+
+    # Class-level defaults: close() and __del__ are safe on a half-built object.
+    _engine: _Engine | None = None
+    _pres: _PoolResources | None = None
+    _running = False
+    _out_q: IndexQueue | None = None
+    _in_qs: list = []
+    closed = True
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]],
+        batch_size: int | None = None,
+        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        info_bytes: int = _pool.DEFAULT_INFO_BYTES,
+        n_workers: int | None = None,
+        start_method: str | None = None,
+        worker_threads: int | None = 1,
+        timeout: float | None = None,
+        spin_us: float | tuple[float, float] | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
+        env_fns = list(env_fns)
+        mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
+        if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
+            raise ValueError(f"ShmEnvPool supports NEXT_STEP and SAME_STEP autoreset, not {mode}")
+        self.autoreset_mode = mode
+        batch_size = len(env_fns) if batch_size is None else int(batch_size)
+        if not 1 <= batch_size <= len(env_fns):
+            raise ValueError(f"batch_size must be in [1, {len(env_fns)}] for {len(env_fns)} envs, got {batch_size}")
+        self.batch_size = batch_size
+        worker_mode = P.AUTORESET_NEXT_STEP if mode == AutoresetMode.NEXT_STEP else P.AUTORESET_SAME_STEP
+        self._engine = engine = _Engine(
+            env_fns, worker_mode, n_workers=n_workers, start_method=start_method, copy=True,
+            worker_threads=worker_threads, timeout=timeout, spin_us=spin_us, **engine_kwargs,
+        )
+        self.closed = False
+        try:
+            self._attach_pool(engine, info_bytes)
+        except BaseException:
+            self.close()
+            raise
+        self.num_envs = engine.num_envs
+        self.n_workers = engine.n_workers
+        self.single_observation_space = engine.observation_space
+        self.single_action_space = engine.action_space
+        self.observation_space = batch_space(self.single_observation_space, batch_size)
+        self.action_space = batch_space(self.single_action_space, batch_size)
+        self.metadata = dict(engine.metadata)
+        self.metadata["autoreset_mode"] = mode
+        self.render_mode = engine.render_mode
+        self._in_flight = np.zeros(self.num_envs, dtype=np.bool_)
+        self._pending_infos: dict[int, Any] = {}
+        self._partial: list[int] = []
+        self._running = False
+        self._starts = [sl.start for sl in engine.slices]
+        self._spin = engine._parent_spin
+        self._infos = _InfoBatch(batch_size)
+
+    def _attach_pool(self, engine: _Engine, info_bytes: int) -> None:
+        layout = self._pool_layout = _pool.PoolLayout(engine.slices, info_bytes)
+        pres = self._pres = _PoolResources()
+        self._pool_finalizer = weakref.finalize(self, pres.release)
+        pres.shm = SharedMemory(name=f"shmvec_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=layout.nbytes)
+        buf = pres.shm.buf
+        out_q = IndexQueue(buf, layout.out_offset, layout.out_capacity, True)
+        in_qs = [IndexQueue(buf, off, cap, True) for off, cap in zip(layout.in_offsets, layout.in_capacity)]
+        pres.queues = [out_q, *in_qs]
+        self._out_q, self._in_qs = out_q, in_qs
+        self._info_len, self._info_slots = layout.info_views(buf)
+        pres.views = (self._info_len, self._info_slots)
+        targets = [sl.start for sl in engine.slices]  # one env per worker: each attaches once
+        engine._pipe_call("pool_attach", targets, (pres.shm.name, engine.slices, engine.num_envs, engine.n_workers,
+                                                    engine._layout.mailbox_bytes, info_bytes, engine._worker_spin))
+        pres.unlink()
+        views = engine._views
+        self._obs_rows = make_gather(engine.observation_space, views.obs, copy=False)
+        self._term_obs = engine._term_obs
+
+    # ---- the pool ---------------------------------------------------------------------------------------
+    def async_reset(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
+        """Resets every env (all in flight afterwards); ``recv`` returns them ``batch_size`` at a time.
+
+        Whatever was in flight or waiting to be received is dropped.
+
+        :param seed: None, an int (env i gets ``seed + i``), or one seed (or None) per env.
+        :param options: passed to every env's ``reset``.
+        """
+        engine = self._usable()
+        if seed is None:
+            seeds: list[int | None] = [None] * self.num_envs
+        elif isinstance(seed, (int, np.integer)):
+            seeds = [int(seed) + i for i in range(self.num_envs)]
+        else:
+            seeds = list(seed)
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
+        self._stop()
+        while self._out_q.try_pop() is not None:  # results nobody will receive
+            pass
+        self._partial = []
+        results = engine._reset_workers(seeds, [options] * self.num_envs)
+        self._pending_infos = {}
+        for items in results:
+            for i, info in items:
+                self._pending_infos[i] = info
+        views = engine._views
+        views.rew[:] = 0.0
+        views.terminated[:] = False
+        views.truncated[:] = False
+        self._info_len[:] = 0
+        self._in_flight[:] = True
+        for i in range(self.num_envs):
+            self._out_q.push(i)
+        self._start()
+
+    def reset(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
+        """``async_reset`` then ``recv``: the first ``batch_size`` envs (rewards 0, flags False, reset infos)."""
+        self.async_reset(seed=seed, options=options)
+        obs, _, _, _, infos = self.recv()
+        return obs, infos
+
+    def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
+        """Starts stepping env ``env_ids[k]`` with ``actions[k]``; returns at once.
+
+        :param env_ids: distinct env indices, none of them in flight (default: all envs, then
+            ``actions`` has ``num_envs`` rows).
+        :raises ValueError: bad ids (out of range, repeated, already in flight) or actions.
+        """
+        engine = self._usable()
+        if not self._running:
+            raise ShmVecEnvError("send() before reset(): call reset() or async_reset() first")
+        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_envs):
+            raise ValueError(f"env_ids must be in [0, {self.num_envs}), got {ids.tolist()}")
+        if np.unique(ids).size != ids.size:
+            raise ValueError(f"env_ids must be distinct, got {ids.tolist()}")
+        busy = ids[self._in_flight[ids]]
+        if busy.size:
+            raise ValueError(
+                f"envs {busy.tolist()} are in flight already (sent and not received yet): recv() them first"
+            )
+        self._write_rows(engine, actions, ids)
+        self._in_flight[ids] = True
+        starts, in_qs, worker_of = self._starts, self._in_qs, engine._worker_of
+        for i in ids.tolist():
+            w = worker_of(i)
+            in_qs[w].push(i - starts[w])
+
+    def recv(self):
+        """Waits for the next ``batch_size`` envs to finish; returns (obs, rewards, terminated, truncated, infos).
+
+        :raises ShmVecEnvError: fewer than ``batch_size`` envs are in flight (it would wait forever).
+        :raises WorkerDiedError, WorkerTimeoutError: a worker died or did not answer in time;
+            the original exception type if an env raised.
+        """
+        engine = self._usable()
+        n = self.batch_size
+        in_flight = int(self._in_flight.sum())
+        if in_flight < n:
+            raise ShmVecEnvError(
+                f"recv() with {in_flight} envs in flight, fewer than batch_size={n}: send() actions first"
+            )
+        out_q = self._out_q
+        ids = self._partial  # kept across calls: a recv() interrupted (Ctrl-C) loses no env
+        waited = 0.0
+        while len(ids) < n:
+            v = out_q.try_pop()
+            if v is None and out_q.wait_count(n - len(ids), P.POLL_S, self._spin):
+                v = out_q.try_pop()
+                if v is None:  # published, but an earlier slot is still being filled
+                    v = out_q.pop(P.POLL_S, self._spin)
+            if v is None:
+                engine._check_workers_alive("pool recv")
+                waited += P.POLL_S
+                if engine.timeout is not None and waited >= engine.timeout:
+                    engine._broken = WorkerTimeoutError(
+                        f"pool recv: {n - len(ids)} of batch_size={n} envs did not finish within {engine.timeout:g} s. "
+                        "An env may hang; call close() (it terminates the workers) and build a new pool."
+                    )
+                    raise engine._broken
+                continue
+            if v & _pool.ERROR_BIT:
+                self._running = False
+                self._stop_workers()
+                engine._complete("pool")  # raises the env's exception (and marks the engine broken)
+                raise ShmVecEnvError(f"worker {v & ~_pool.ERROR_BIT} reported an error that it did not send")
+            waited = 0.0
+            ids.append(v)
+        self._partial = []
+        idx = np.asarray(ids, dtype=np.int64)
+        self._in_flight[idx] = False
+        return self._rows(engine, idx)
+
+    def step(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None):
+        """``send`` then ``recv`` (EnvPool's ``step``)."""
+        self.send(actions, env_ids)
+        return self.recv()
+
+    # ---- rare calls (the pool stops meanwhile; whatever is in flight completes first) ------------------
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` of every env (or returns the attribute if it is not callable)."""
+        return self._paused_call("call", (name, args, kwargs))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        return self.call(name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """One value per env (a list or tuple of ``num_envs``), or the same value for all."""
+        if not isinstance(values, (list, tuple)):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(f"{len(values)} values for {self.num_envs} envs")
+        self._paused_call("set_wrapper_attr", (name, list(values)))
+
+    def render(self) -> tuple[Any, ...]:
+        return self._paused_call("render", ())
+
+    def close(self) -> None:
+        """Stops the pool and the workers, frees both shared-memory segments.  Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        engine, self._engine = self._engine, None
+        try:
+            if engine is not None:
+                if self._running:
+                    try:
+                        self._stop_workers()  # workers still serving the pool then see CLOSE
+                        if engine._broken is None:
+                            engine._complete("pool", deadline_s=_CLOSE_S)
+                    except BaseException:
+                        pass  # close() below terminates what did not stop
+                self._running = False
+                self._obs_rows = self._term_obs = None
+                engine.close()
+        finally:
+            self._out_q = self._in_qs = None  # type: ignore[assignment]
+            self._info_len = self._info_slots = None  # type: ignore[assignment]
+            if self._pres is not None:
+                self._pres.release()
+                self._pool_finalizer.detach()
+
+    def __enter__(self) -> "ShmEnvPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not self.closed:
+            try:
+                self.close()
+            except Exception:
+                pass
+
+    # ---- internals --------------------------------------------------------------------------------------
+    def _usable(self) -> _Engine:
+        engine = self._engine
+        if engine is None or self.closed:
+            raise ClosedVecEnvError("this ShmEnvPool is closed; build a new one")
+        engine._check_usable()
+        return engine
+
+    def _start(self) -> None:
+        engine = self._engine
+        assert engine is not None
+        engine._post(P.Cmd.POOL)
+        self._running = True
+
+    def _stop_workers(self) -> None:
+        for q in self._in_qs:
+            q.push(_pool.STOP)
+
+    def _stop(self) -> None:
+        if self._running:
+            self._running = False
+            self._stop_workers()
+            self._engine._complete("pool")  # type: ignore[union-attr]
+
+    def _paused_call(self, name: str, args: tuple, indices: list[int] | None = None) -> tuple[Any, ...]:
+        engine = self._usable()
+        running = self._running
+        self._stop()
+        try:
+            return tuple(engine._pipe_call(name, indices, args))
+        finally:
+            if running and engine._broken is None:
+                self._start()
+
+    def _write_rows(self, engine: _Engine, actions: Any, ids: np.ndarray) -> None:
+        views = engine._views
+        for leaf in engine._act_leaves:
+            value = actions
+            for key in leaf.path:
+                value = value[key]
+            arr = np.asarray(value)
+            shape = (ids.size, *leaf.shape)
+            where = "".join(f"[{k!r}]" for k in leaf.path)
+            if arr.shape != shape:
+                if arr.size != int(np.prod(shape, dtype=np.int64)):
+                    raise ValueError(f"actions{where} have shape {arr.shape}; expected {shape} (one row per env id)")
+                arr = arr.reshape(shape)
+            if arr.dtype != leaf.dtype and not np.can_cast(arr.dtype, leaf.dtype, "same_kind"):
+                raise ValueError(f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype}")
+            views.act[leaf.path][ids] = arr.astype(leaf.dtype, copy=False)
+
+    def _rows(self, engine: _Engine, idx: np.ndarray):
+        views = engine._views
+        obs = self._obs_rows(idx)  # fancy indexing: arrays of their own
+        rewards = views.rew[idx]
+        terminated = views.terminated[idx]
+        truncated = views.truncated[idx]
+        infos: dict[str, Any] = {}
+        add = self._infos._add_info
+        same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
+        lengths, slots, pending = self._info_len, self._info_slots, self._pending_infos
+        for k, i in enumerate(idx.tolist()):
+            n = int(lengths[i])
+            payload = pickle.loads(slots[i, :n].tobytes()) if n else None
+            reset_info = pending.pop(i, None) if pending else None  # from async_reset
+            if same_step:
+                info, step_reset_info = payload if payload is not None else ({}, None)
+                if terminated[k] or truncated[k]:
+                    infos = add(infos, {"final_obs": self._term_obs(i), "final_info": info or {}}, k)
+                    info = step_reset_info
+                if info:
+                    infos = add(infos, info, k)
+            elif payload:
+                infos = add(infos, payload, k)
+            if reset_info:
+                infos = add(infos, reset_info, k)
+        infos["env_id"] = idx
+        return obs, rewards, terminated, truncated, infos

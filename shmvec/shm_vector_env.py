@@ -1,0 +1,344 @@
+"""ShmVectorEnv: a Gymnasium ``VectorEnv`` on the same shared-memory engine as ``ShmVecEnv``.
+
+The engine (workers, shared memory, protocol) is :class:`shmvec.ShmVecEnv`'s: this class owns one
+private instance of it, built with the worker autoreset mode that matches Gymnasium's
+``AutoresetMode``, and only turns its raw results (shared buffers plus the sparse infos the
+workers sent) into Gymnasium's batched return values.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from shmvec import _protocol as P
+from shmvec._errors import ClosedVecEnvError, ShmVecEnvError
+from shmvec.shm_vec_env import ShmVecEnv
+
+_WORKER_MODE = {
+    AutoresetMode.NEXT_STEP: P.AUTORESET_NEXT_STEP,
+    AutoresetMode.SAME_STEP: P.AUTORESET_SAME_STEP,
+    AutoresetMode.DISABLED: P.AUTORESET_DISABLED,
+}
+
+
+class _Engine(ShmVecEnv):
+    """ShmVecEnv's engine with a chosen worker autoreset mode and a raw step (no SB3 infos)."""
+
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], autoreset: str, **kwargs: Any) -> None:
+        self._autoreset = autoreset
+        super().__init__(env_fns, **kwargs)
+
+    def step_raw(self, actions: Any) -> list[list]:
+        """Writes the actions, steps every env, returns the workers' items; results stay in the buffers."""
+        self.step_async(actions)
+        try:
+            return self._complete("step")
+        finally:
+            self.waiting = False
+
+
+class ShmVectorEnv(VectorEnv):
+    """A ``gymnasium.vector.VectorEnv`` whose workers step slices of the envs in shared memory.
+
+    A drop-in where ``gymnasium.vector.AsyncVectorEnv`` or ``SyncVectorEnv`` is used::
+
+        envs = ShmVectorEnv([lambda: gym.make("CartPole-v1")] * 8, n_workers=2)
+        envs = shmvec.make_vec("CartPole-v1", num_envs=8, vector_kwargs={"n_workers": 2})
+
+    Every ``reset``/``step`` equals ``SyncVectorEnv``'s with the same ``autoreset_mode`` on the
+    same seeds: observations, rewards (float64), ``terminated``, ``truncated`` and infos (a dict
+    of arrays with ``_key`` masks, built by Gymnasium's own ``VectorEnv._add_info``).
+
+    Autoreset modes (``metadata["autoreset_mode"]``):
+
+    - ``NEXT_STEP`` (default): an env that ended on a step is reset on the next ``step`` instead
+      of being stepped: its action is ignored, its reward is 0, both flags are False, its info is
+      the reset info.
+    - ``SAME_STEP``: the env is reset within the step that ended it; the observation is the reset
+      observation, ``infos["final_obs"]``/``infos["final_info"]`` (masks ``_final_obs``,
+      ``_final_info``) hold the last observation and info of the episode.
+    - ``DISABLED``: nothing is reset on its own; reset ended envs with
+      ``reset(options={"reset_mask": mask})`` before stepping them again (stepping an env that
+      ended and was not reset raises ``ShmVecEnvError``).
+
+    One difference from ``SyncVectorEnv``: an empty ``options`` dict is not passed on to the envs'
+    ``reset`` (as SB3 does); ``reset(options={"reset_mask": m})`` alone resets with no options.
+
+    :param env_fns: callables that each build a new ``gymnasium.Env`` (sent with cloudpickle).
+    :param autoreset_mode: an ``AutoresetMode`` or its value (``"NextStep"``, ``"SameStep"``,
+        ``"Disabled"``).
+    :param copy: when True (default), observations returned are arrays of their own; when False
+        they are views of the shared buffers that **the next step overwrites**.
+    :param n_workers, start_method, worker_threads, timeout, spin_us, mailbox_bytes: as for
+        :class:`shmvec.ShmVecEnv`; so are further keyword arguments (``envs_per_worker``,
+        ``cpu_affinity``, ``preload``, ...).
+
+    :raises TypeError: ``env_fns`` holds something that is not callable.
+    :raises ValueError: an unknown ``autoreset_mode``.
+    :raises SpaceError: the envs' spaces differ or cannot live in shared memory.
+    :raises WorkerDiedError: a worker died while starting.
+    """
+
+    _engine: _Engine | None = None
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]],
+        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        copy: bool = True,
+        n_workers: int | None = None,
+        start_method: str | None = None,
+        worker_threads: int | None = 1,
+        timeout: float | None = None,
+        spin_us: float | tuple[float, float] | None = None,
+        mailbox_bytes: int = P.MAILBOX_BYTES,
+        **engine_kwargs: Any,
+    ) -> None:
+        self.autoreset_mode = (
+            autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
+        )
+        self.copy = copy
+        self._engine = _Engine(
+            env_fns, _WORKER_MODE[self.autoreset_mode], n_workers=n_workers, start_method=start_method,
+            copy=copy, worker_threads=worker_threads, timeout=timeout, spin_us=spin_us,
+            mailbox_bytes=mailbox_bytes, **engine_kwargs,
+        )
+        engine = self._engine
+        self.num_envs = engine.num_envs
+        self.metadata = dict(engine.metadata)
+        self.metadata["autoreset_mode"] = self.autoreset_mode
+        self.render_mode = engine.render_mode
+        self.single_observation_space = engine.observation_space
+        self.single_action_space = engine.action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        # DISABLED: envs that ended and were not reset since (stepping them is refused).
+        self._ended = np.zeros(self.num_envs, dtype=np.bool_)
+
+    @classmethod
+    def from_id(
+        cls,
+        id: str | gym.envs.registration.EnvSpec,
+        num_envs: int = 1,
+        vector_kwargs: dict[str, Any] | None = None,
+        wrappers: Sequence[Callable[[gym.Env], gym.Wrapper]] | None = None,
+        **kwargs: Any,
+    ) -> "ShmVectorEnv":
+        """As ``gymnasium.make_vec(id, num_envs, vector_kwargs=..., wrappers=..., **kwargs)``, on ShmVectorEnv.
+
+        :param vector_kwargs: arguments of :class:`ShmVectorEnv` (``autoreset_mode``, ``n_workers``, ...).
+        :param wrappers: wrapper callables applied to each env in its worker, in order.
+        :param kwargs: passed to ``gymnasium.make`` for each env.
+        """
+        return make_vec(id, num_envs=num_envs, vector_kwargs=vector_kwargs, wrappers=wrappers, **kwargs)
+
+    # ---- Gymnasium VectorEnv API -----------------------------------------------------------------------
+    def reset(
+        self,
+        *,
+        seed: int | list[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """Resets every env (or those in ``options["reset_mask"]``), as ``SyncVectorEnv.reset``.
+
+        :param seed: None (unseeded), an int (env i gets ``seed + i``) or one seed (or None) per env.
+        :param options: passed to each env's ``reset``; ``"reset_mask"`` (a bool array of shape
+            ``(num_envs,)``) selects the envs to reset (the others keep their observation).
+        :raises ValueError, TypeError: a seed list or reset mask of the wrong length, type or shape.
+        :raises ClosedVecEnvError, BrokenVecEnvError: the vector env is closed or broken.
+        :raises WorkerDiedError: a worker died; the original exception type if an env raised.
+        """
+        engine = self._usable()
+        if seed is None:
+            seeds: list[int | None] = [None] * self.num_envs
+        elif isinstance(seed, (int, np.integer)):
+            seeds = [int(seed) + i for i in range(self.num_envs)]
+        else:
+            seeds = list(seed)
+        if len(seeds) != self.num_envs:
+            raise ValueError(
+                f"If seeds are passed as a list the length must match num_envs={self.num_envs} but got length={len(seeds)}."
+            )
+        mask = None
+        if options is not None and "reset_mask" in options:
+            options = dict(options)
+            mask = options.pop("reset_mask")
+            if not isinstance(mask, np.ndarray):
+                raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+            if mask.shape != (self.num_envs,):
+                raise ValueError(f"`options['reset_mask']` must have shape `({self.num_envs},)`, got {mask.shape}")
+            if mask.dtype != np.bool_:
+                raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
+            if not np.any(mask):
+                raise ValueError(
+                    "`options['reset_mask']` must contain a boolean array with at least one True value, "
+                    f"got reset_mask={mask}"
+                )
+        results = engine._reset_workers(seeds, [options] * self.num_envs, mask)
+        if mask is None:
+            self._ended[:] = False
+        else:
+            self._ended[mask] = False
+        infos: dict[str, Any] = {}
+        for items in results:
+            for i, info in items:
+                infos = self._add_info(infos, info, i)
+        return self._observations(), infos
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Steps every env with its action; returns (obs, rewards, terminated, truncated, infos).
+
+        :raises ValueError: the actions do not fit the batched action space.
+        :raises ShmVecEnvError: ``DISABLED`` autoreset and an env that ended was not reset.
+        :raises ClosedVecEnvError, BrokenVecEnvError: the vector env is closed or broken.
+        :raises WorkerDiedError: a worker died; the original exception type if an env raised.
+        """
+        engine = self._usable()
+        mode = self.autoreset_mode
+        if mode == AutoresetMode.DISABLED and self._ended.any():
+            raise ShmVecEnvError(
+                f"envs {np.flatnonzero(self._ended).tolist()} ended (terminated or truncated) and autoreset_mode is "
+                "DISABLED: reset them with reset(options={'reset_mask': mask}) before the next step."
+            )
+        results = engine.step_raw(actions)
+        views = engine._views
+        terminated = views.terminated.copy()
+        truncated = views.truncated.copy()
+        rewards = views.rew.copy()
+        infos: dict[str, Any] = {}
+        if mode == AutoresetMode.SAME_STEP:
+            by_env = {i: (info, reset_info) for items in results for i, info, reset_info in items}
+            ended = set(np.flatnonzero(terminated | truncated).tolist())
+            for i in sorted(ended | set(by_env)):
+                info, reset_info = by_env.get(i, ({}, None))
+                if i in ended:
+                    infos = self._add_info(infos, {"final_obs": engine._term_obs(i), "final_info": info}, i)
+                    info = reset_info or {}
+                infos = self._add_info(infos, info, i)
+        else:
+            for items in results:
+                for i, info, _ in items:
+                    infos = self._add_info(infos, info, i)
+            if mode == AutoresetMode.DISABLED:
+                self._ended |= terminated | truncated
+        return self._observations(), rewards, terminated, truncated, infos
+
+    def render(self) -> tuple[Any, ...] | None:
+        """The frames of every env's ``render()``, as a tuple."""
+        return tuple(self._usable()._pipe_call("render", None, ()))
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` of every env (or returns attribute ``name`` if it is not callable)."""
+        return tuple(self._usable()._pipe_call("call", None, (name, args, kwargs)))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Attribute ``name`` of every env, as Gymnasium does it (through :meth:`call`)."""
+        return self.call(name)
+
+    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
+        """Sets attribute ``name`` of every env: one value each (a list or tuple), or the same value.
+
+        :raises ValueError: a list or tuple whose length is not ``num_envs``.
+        """
+        engine = self._usable()
+        if not isinstance(values, (list, tuple)):
+            values = [values for _ in range(self.num_envs)]
+        if len(values) != self.num_envs:
+            raise ValueError(
+                "Values must be a list or tuple with length equal to the number of environments. "
+                f"Got `{len(values)}` values for {self.num_envs} environments."
+            )
+        engine._pipe_call("set_wrapper_attr", None, (name, list(values)))
+
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:
+        """The ``np_random_seed`` of every env."""
+        return self.get_attr("np_random_seed")
+
+    @property
+    def np_random(self) -> tuple[np.random.Generator, ...]:
+        """The ``np_random`` generator of every env (copies: the envs' own live in the workers)."""
+        return self.get_attr("np_random")
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Stops the workers and frees the shared memory (``close()`` calls it once)."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
+
+    @property
+    def n_workers(self) -> int:
+        return self._usable().n_workers
+
+    # ---- internals ------------------------------------------------------------------------------------
+    def _usable(self) -> _Engine:
+        engine = self._engine
+        if engine is None or self.closed:
+            raise ClosedVecEnvError("this ShmVectorEnv is closed; build a new one")
+        engine._check_usable()
+        return engine
+
+    def _observations(self) -> Any:
+        engine = self._engine
+        assert engine is not None
+        return engine._obs_copy(slice(None)) if self.copy else engine._obs_view(slice(None))
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True) and self._engine is not None:
+            try:
+                self.close()
+            except Exception:
+                pass
+
+
+def make_vec(
+    id: str | gym.envs.registration.EnvSpec,
+    num_envs: int = 1,
+    vector_kwargs: dict[str, Any] | None = None,
+    wrappers: Sequence[Callable[[gym.Env], gym.Wrapper]] | None = None,
+    **kwargs: Any,
+) -> ShmVectorEnv:
+    """``gymnasium.make_vec`` with :class:`ShmVectorEnv` as the vectorizer.
+
+    Each worker builds its envs with ``gymnasium.make(id, **kwargs)`` followed by ``wrappers``;
+    ``vector_kwargs`` go to :class:`ShmVectorEnv`.  The returned env's ``spec`` records the
+    arguments, as ``gymnasium.make_vec`` does.
+
+    :raises gymnasium.error.Error: an unknown id.
+    """
+    vector_kwargs = dict(vector_kwargs or {})
+    wrappers = list(wrappers or [])
+    if isinstance(id, gym.envs.registration.EnvSpec):
+        env_spec = id
+    else:
+        env_spec = gym.spec(id)
+    env_spec = _copy.deepcopy(env_spec)
+    env_kwargs = dict(env_spec.kwargs)
+    env_kwargs.update(kwargs)
+    env_spec.kwargs = {}
+
+    def create_single_env() -> gym.Env:
+        env = gym.make(env_spec, **env_kwargs)
+        for wrapper in wrappers:
+            env = wrapper(env)
+        return env
+
+    env = ShmVectorEnv([create_single_env for _ in range(num_envs)], **vector_kwargs)
+    spec = _copy.deepcopy(env_spec)
+    spec.kwargs = dict(env_kwargs)
+    if num_envs != 1:
+        spec.kwargs["num_envs"] = num_envs
+    spec.kwargs["vectorization_mode"] = "shmvec"
+    if vector_kwargs:
+        spec.kwargs["vector_kwargs"] = vector_kwargs
+    if wrappers:
+        spec.kwargs["wrappers"] = wrappers
+    env.spec = spec
+    return env

@@ -1,0 +1,239 @@
+"""ShmVecEnvPool: the asynchronous pool behind Stable-Baselines3's ``VecEnv`` API, and its replay buffer.
+
+SB3 sees a ``VecEnv`` of ``batch_size`` envs; behind it run ``num_envs`` envs.  ``step_async``
+sends the actions to the envs of the rows ``step_wait`` (or ``reset``) last returned, and
+``step_wait`` returns the next ``batch_size`` envs that finished, whichever they are (rows sorted
+by env index; ``infos[k]["env_id"]`` names each).
+
+Which SB3 algorithms can use it
+-------------------------------
+SB3 pairs row k of a step's result with row k of the observation the action was chosen from.
+With ``batch_size < num_envs`` the env in row k changes from step to step, so:
+
+- **Off-policy algorithms with a replay buffer (SAC, TD3, DDPG, DQN; Box or Discrete actions,
+  array observations) work when given** ``replay_buffer_class=PoolReplayBuffer``: each info
+  carries the observation and the action of its env's transition (``"pool_obs"``,
+  ``"pool_action"``), and the buffer stores those instead of SB3's row-wise pairing.
+  Without it they would learn from transitions stitched together from different envs.
+- **On-policy algorithms (PPO, A2C)** need every env on every step (GAE runs along each row of
+  the rollout): use them only with ``batch_size == num_envs``, where the pool is synchronous
+  and equals ``DummyVecEnv`` step for step.  ``HerReplayBuffer`` and ``DictReplayBuffer``
+  (dict observations) are not supported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+from stable_baselines3.common.buffers import ReplayBuffer
+from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
+
+from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, NoAsyncCallError
+from shmvec.env_pool import ShmEnvPool
+
+
+def _row(value: Any, k: int) -> Any:
+    if isinstance(value, dict):
+        return {key: _row(v, k) for key, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_row(v, k) for v in value)
+    return value[k]
+
+
+def _take(value: Any, order: np.ndarray) -> Any:
+    if isinstance(value, dict):
+        return {key: _take(v, order) for key, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_take(v, order) for v in value)
+    return value[order]
+
+
+class ShmVecEnvPool(VecEnv):
+    """An SB3 ``VecEnv`` of ``batch_size`` rows over an asynchronous pool of ``len(env_fns)`` envs.
+
+    :param env_fns: callables that each build a new ``gymnasium.Env``.
+    :param batch_size: rows per step (default: all envs, synchronous).
+    :param kwargs: as for :class:`shmvec.env_pool.ShmEnvPool` (``n_workers``, ``start_method``,
+        ``info_bytes``, ``timeout``, ...).
+
+    Infos are SB3's (``terminal_observation``, ``TimeLimit.truncated``) plus ``env_id``,
+    ``pool_obs`` and ``pool_action`` (see :class:`PoolReplayBuffer`).
+    """
+
+    _pool: ShmEnvPool | None = None
+    waiting = False
+
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], batch_size: int | None = None,
+                 **kwargs: Any) -> None:
+        self._pool = pool = ShmEnvPool(env_fns, batch_size=batch_size, autoreset_mode=AutoresetMode.SAME_STEP,
+                                       **kwargs)
+        self.pool_size = pool.num_envs
+        self._ids = np.zeros(0, dtype=np.int64)
+        self._last_obs: dict[int, Any] = {}
+        self._last_action: dict[int, Any] = {}
+        self._pool_seeds: list[int | None] = [None] * pool.num_envs
+        super().__init__(pool.batch_size, pool.single_observation_space, pool.single_action_space)
+        self.metadata = dict(pool.metadata)
+
+    def seed(self, seed: int | None = None) -> Sequence[None | int]:
+        """Seeds every env of the pool (env i gets ``seed + i``) at the next ``reset``."""
+        if seed is None:
+            seed = int(np.random.randint(0, np.iinfo(np.uint32).max, dtype=np.uint32))
+        self._pool_seeds = [seed + i for i in range(self.pool_size)]
+        return self._pool_seeds
+
+    def reset(self) -> VecEnvObs:
+        """Resets every env of the pool; returns the first ``batch_size`` (rows sorted by env index)."""
+        pool = self._usable()
+        if self.waiting:
+            raise AlreadyPendingCallError("reset() while a step is in flight: call step_wait() first")
+        pool.async_reset(seed=self._pool_seeds)
+        self._pool_seeds = [None] * self.pool_size
+        self._last_action = {}
+        self._last_obs = {}
+        obs, _, _, _, infos = pool.recv()
+        obs, ids, order = self._sorted(obs, infos)
+        self.reset_infos = [{} for _ in range(self.num_envs)]
+        return obs
+
+    def step_async(self, actions: np.ndarray) -> None:
+        pool = self._usable()
+        if self.waiting:
+            raise AlreadyPendingCallError("step_async() called twice: call step_wait() before the next step_async()")
+        pool.send(actions, self._ids)
+        actions = np.asarray(actions)
+        for k, i in enumerate(self._ids.tolist()):
+            self._last_action[i] = actions[k].copy()
+        self.waiting = True
+
+    def step_wait(self) -> VecEnvStepReturn:
+        pool = self._usable()
+        if not self.waiting:
+            raise NoAsyncCallError("step_wait() without a preceding step_async()")
+        try:
+            obs, rewards, terminated, truncated, vinfos = pool.recv()
+        finally:
+            self.waiting = False
+        prev_obs = dict(self._last_obs)
+        obs, ids, order = self._sorted(obs, vinfos)
+        rewards, terminated, truncated = rewards[order], terminated[order], truncated[order]
+        dones = terminated | truncated
+        infos: list[dict[str, Any]] = []
+        final_mask = vinfos.get("_final_info")
+        for k, j in enumerate(order.tolist()):
+            i = int(ids[k])
+            info: dict[str, Any] = {}
+            if dones[k]:
+                info.update(_pool_row_info(vinfos.get("final_info", {}), j))
+                info["terminal_observation"] = vinfos["final_obs"][j]
+                assert final_mask is not None and final_mask[j]
+            else:
+                info.update(_pool_row_info(vinfos, j))
+            info["TimeLimit.truncated"] = bool(truncated[k] and not terminated[k])
+            info["env_id"] = i
+            if i in self._last_action:  # a real transition (not the env's reset row)
+                info["pool_obs"] = prev_obs[i]
+                info["pool_action"] = self._last_action.pop(i)
+            infos.append(info)
+        return obs, rewards.astype(np.float32), dones, infos
+
+    def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.close()
+
+    def get_images(self) -> Sequence[np.ndarray | None]:
+        return list(self._usable().render())
+
+    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+        """``indices`` count envs of the pool (0 .. pool_size - 1), not rows."""
+        values = self._usable().call(attr_name)
+        return [values[i] for i in self._pool_indices(indices)]
+
+    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+        pool = self._usable()
+        current = list(pool.get_attr(attr_name)) if indices is not None else [value] * self.pool_size
+        for i in self._pool_indices(indices):
+            current[i] = value
+        pool.set_attr(attr_name, current)
+
+    def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None,
+                   **method_kwargs: Any) -> list[Any]:
+        values = self._usable().call(method_name, *method_args, **method_kwargs)
+        return [values[i] for i in self._pool_indices(indices)]
+
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
+        return list(self._usable()._paused_call("is_wrapped", (wrapper_class,), self._pool_indices(indices)))
+
+    # ---- internals ------------------------------------------------------------------------------------
+    def _usable(self) -> ShmEnvPool:
+        if self._pool is None:
+            raise ClosedVecEnvError("this ShmVecEnvPool is closed; build a new one")
+        return self._pool
+
+    def _pool_indices(self, indices: VecEnvIndices) -> list[int]:
+        if indices is None:
+            return list(range(self.pool_size))
+        if isinstance(indices, int):
+            return [indices]
+        return list(indices)
+
+    def _sorted(self, obs: Any, infos: dict) -> tuple[Any, np.ndarray, np.ndarray]:
+        order = np.argsort(infos["env_id"], kind="stable")
+        ids = infos["env_id"][order]
+        obs = _take(obs, order)
+        self._ids = ids
+        for k, i in enumerate(ids.tolist()):
+            self._last_obs[i] = _row(obs, k)
+        return obs, ids, order
+
+
+def _pool_row_info(vinfos: dict, k: int) -> dict:
+    """Row k of Gymnasium-style batched infos as a plain dict (without the pool's own keys)."""
+    out: dict[str, Any] = {}
+    for key, value in vinfos.items():
+        if key.startswith("_") or key in ("env_id", "final_obs", "final_info"):
+            continue
+        mask = vinfos.get(f"_{key}")
+        if mask is None or not mask[k]:
+            continue
+        out[key] = _pool_row_info(value, k) if isinstance(value, dict) else value[k]
+    return out
+
+
+class PoolReplayBuffer(ReplayBuffer):
+    """SB3's ``ReplayBuffer`` for :class:`ShmVecEnvPool`: stores each row's own transition.
+
+    Use it as ``SAC("MlpPolicy", pool_env, replay_buffer_class=PoolReplayBuffer)`` (also TD3,
+    DDPG, DQN).  SB3 hands ``add`` the observation and action of *row* k of the previous step,
+    which with an asynchronous pool belong to another env than the result in row k; this buffer
+    takes the observation and action of the row's own env from ``infos[k]["pool_obs"]`` and
+    ``infos[k]["pool_action"]`` instead (actions of a ``Box`` space scaled to [-1, 1] as SB3 stores
+    them).  A row without them (an env's first observation after ``reset``, not a transition) is
+    replaced by a copy of another row of the same call, or the call is skipped if no row is a
+    transition -- this happens only in the first steps after a reset.
+    """
+
+    def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+            done: np.ndarray, infos: list[dict[str, Any]]) -> None:
+        if not infos or "env_id" not in infos[0]:
+            raise ValueError("PoolReplayBuffer needs the infos of a ShmVecEnvPool (with env_id, pool_obs)")
+        valid = [k for k, info in enumerate(infos) if "pool_obs" in info]
+        if not valid:
+            return
+        rows = [k if "pool_obs" in infos[k] else valid[0] for k in range(len(infos))]
+        obs = np.stack([np.asarray(infos[k]["pool_obs"]) for k in rows])
+        env_action = np.stack([np.asarray(infos[k]["pool_action"]) for k in rows])
+        if isinstance(self.action_space, spaces.Box):
+            low, high = self.action_space.low, self.action_space.high
+            action = 2.0 * ((env_action - low) / (high - low)) - 1.0
+        else:
+            action = env_action
+        idx = np.asarray(rows)
+        super().add(obs, np.asarray(next_obs)[idx], action, np.asarray(reward)[idx], np.asarray(done)[idx],
+                    [infos[k] for k in rows])

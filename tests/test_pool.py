@@ -1,0 +1,357 @@
+"""ShmEnvPool (EnvPool-style send/recv) and its SB3 entry point ShmVecEnvPool.
+
+The envs finish in a random order (their step time is random), so each batch holds different
+envs; yet every env's own trajectory must equal the same env run alone (a one-env
+``SyncVectorEnv`` with the same autoreset mode, seed and actions).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+import poolenvs
+import testenvs
+from helpers import assert_same, close_all
+from shmvec import BrokenVecEnvError, ShmVecEnvError, WorkerDiedError
+from shmvec._errors import ClosedVecEnvError
+from shmvec.env_pool import ShmEnvPool
+
+
+def row_info(infos: dict, k: int) -> dict:
+    """Row k of Gymnasium-style batched infos, as a plain dict (nested dicts included)."""
+    out = {}
+    for key, value in infos.items():
+        if key.startswith("_") or key == "env_id":
+            continue
+        if isinstance(value, dict):
+            if infos[f"_{key}"][k]:
+                out[key] = row_info(value, k)
+        elif infos[f"_{key}"][k]:
+            out[key] = value[k]
+    return out
+
+
+def _row(value, k):
+    if isinstance(value, dict):
+        return {key: _row(v, k) for key, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_row(v, k) for v in value)
+    return value[k]
+
+
+def _pool_fns(obs_kind: str, n: int, mean_s: float = 0.001) -> list:
+    return [functools.partial(poolenvs.make_jitter_env, obs_kind, "discrete", i, mean_s) for i in range(n)]
+
+
+@pytest.mark.parametrize("method, mode, obs_kind, n_envs, batch, n_workers", [
+    ("fork", AutoresetMode.NEXT_STEP, "dict", 7, 3, 2),
+    ("fork", AutoresetMode.SAME_STEP, "box", 7, 3, 2),
+    ("fork", AutoresetMode.NEXT_STEP, "tuple", 5, 5, 3),
+    ("spawn", AutoresetMode.SAME_STEP, "dict", 4, 2, 2),
+])
+def test_each_env_follows_its_own_trajectory(method, mode, obs_kind, n_envs, batch, n_workers):
+    fns = _pool_fns(obs_kind, n_envs)
+    refs = [SyncVectorEnv([fn], autoreset_mode=mode) for fn in fns]
+    pool = None
+    try:
+        pool = ShmEnvPool(fns, batch_size=batch, autoreset_mode=mode, n_workers=n_workers, start_method=method)
+        assert pool.metadata["autoreset_mode"] == mode and pool.num_envs == n_envs
+        obs, infos = pool.reset(seed=11)
+        ref_first = [ref.reset(seed=11 + i) for i, ref in enumerate(refs)]
+        assert infos["env_id"].shape == (batch,) and infos["env_id"].dtype == np.int64
+        # each env's first row is its reset observation and info, whenever it comes back
+        first_seen: set[int] = set()
+
+        def check_reset_row(i, k, obs, infos):
+            assert_same(_row(obs, k), _row(ref_first[i][0], 0), f"env {i} reset obs", strict_dtype=True)
+            assert_same(row_info(infos, k), row_info(ref_first[i][1], 0), f"env {i} reset info")
+            first_seen.add(i)
+
+        for k, i in enumerate(infos["env_id"].tolist()):
+            check_reset_row(i, k, obs, infos)
+        rng = np.random.default_rng(0)
+        steps = np.zeros(n_envs, dtype=np.int64)
+        orders = set()
+        ended = finals = 0
+        ids = infos["env_id"]
+        sent: dict[int, int] = {}  # env -> the action it is stepping with
+        for t in range(60):
+            actions = rng.integers(0, 3, size=len(ids))
+            pool.send(actions, ids)
+            sent.update(zip(ids.tolist(), actions.tolist()))
+            obs, rew, term, trunc, infos = pool.recv()
+            ids = infos["env_id"]
+            assert len(set(ids.tolist())) == batch
+            orders.add(tuple(ids.tolist()))
+            for k, i in enumerate(ids.tolist()):
+                if i not in sent:  # still its reset row from the first batch round
+                    assert i not in first_seen
+                    check_reset_row(i, k, obs, infos)
+                    continue
+                want = refs[i].step(np.array([sent.pop(i)]))
+                steps[i] += 1
+                where = f"step {t} env {i}"
+                assert_same(_row(obs, k), _row(want[0], 0), f"{where} obs", strict_dtype=True)
+                assert rew[k] == want[1][0] and rew.dtype == np.float64, where
+                assert term[k] == want[2][0] and trunc[k] == want[3][0], where
+                got_info, want_info = row_info(infos, k), row_info(want[4], 0)
+                if "final_obs" in want_info:
+                    finals += 1
+                    assert_same(got_info.pop("final_obs"), want_info.pop("final_obs"), f"{where} final_obs")
+                assert_same(got_info, want_info, f"{where} info")
+                ended += int(term[k] or trunc[k])
+        assert ended > 0 and (finals > 0) == (mode == AutoresetMode.SAME_STEP)
+        assert (steps > 0).all()
+        if batch < n_envs:
+            assert len(orders) > 5  # the batches really were made of different envs
+    finally:
+        for ref in refs:
+            ref.close()
+        if pool is not None:
+            pool.close()
+
+
+def test_misuse_is_refused():
+    pool = ShmEnvPool(_pool_fns("box", 4, 0.0), batch_size=2, n_workers=2, start_method="fork")
+    try:
+        with pytest.raises(ShmVecEnvError, match="reset"):
+            pool.send(np.zeros(2, dtype=np.int64), [0, 1])
+        obs, infos = pool.reset(seed=0)
+        ids = infos["env_id"]
+        others = sorted(set(range(4)) - set(ids.tolist()))  # reset left these in flight
+        with pytest.raises(ValueError, match="in flight"):
+            pool.send(np.zeros(2, dtype=np.int64), others)
+        with pytest.raises(ValueError, match="distinct"):
+            pool.send(np.zeros(2, dtype=np.int64), [ids[0], ids[0]])
+        with pytest.raises(ValueError, match=r"in \[0, 4\)"):
+            pool.send(np.zeros(1, dtype=np.int64), [4])
+        with pytest.raises(ValueError, match="shape"):
+            pool.send(np.zeros(3, dtype=np.int64), ids)
+        pool.recv()  # the two left from reset
+        with pytest.raises(ShmVecEnvError, match="fewer than batch_size"):
+            pool.recv()
+        pool.send(np.zeros(4, dtype=np.int64))  # all envs
+        a = pool.recv()[4]["env_id"]
+        b = pool.recv()[4]["env_id"]
+        assert sorted(a.tolist() + b.tolist()) == [0, 1, 2, 3]
+    finally:
+        pool.close()
+    with pytest.raises(ClosedVecEnvError):
+        pool.recv()
+    with pytest.raises(ValueError, match="batch_size"):
+        ShmEnvPool(_pool_fns("box", 2), batch_size=3)
+    with pytest.raises(ValueError, match="NEXT_STEP and SAME_STEP"):
+        ShmEnvPool(_pool_fns("box", 2), autoreset_mode=AutoresetMode.DISABLED)
+
+
+def test_rare_calls_and_reset_while_envs_are_in_flight():
+    fns = [functools.partial(testenvs.make_render_env, i) for i in range(6)]
+    pool = ShmEnvPool(fns, batch_size=2, n_workers=2, start_method="fork")
+    try:
+        _, infos = pool.reset(seed=1)
+        pool.send(np.ones(2, dtype=np.int64), infos["env_id"])  # 6 in flight
+        assert pool.get_attr("tag") == (0, 1, 2, 3, 4, 5)  # the pool pauses, then goes on
+        pool.set_attr("scale", [0.0] * 6)
+        assert pool.call("bump", 2) == (2,) * 6
+        assert len(pool.render()) == 6
+        seen = []
+        for _ in range(3):
+            obs, rew, term, trunc, infos = pool.recv()
+            seen += infos["env_id"].tolist()
+        assert sorted(seen) == list(range(6))
+        pool.send(np.ones(2, dtype=np.int64), infos["env_id"])
+        obs, rew, *_ = pool.step(np.ones(2, dtype=np.int64), [i for i in range(6) if i not in infos["env_id"]][:2])
+        assert (rew == 0.0).all()  # scale 0 was set in the workers' envs
+        obs, infos = pool.reset(seed=1)  # drops what was in flight
+        assert sorted(infos["tag"].tolist()) == sorted(infos["env_id"].tolist())
+    finally:
+        pool.close()
+
+
+def test_env_error_and_dead_worker():
+    fns = [functools.partial(testenvs.make_raising_env, 3)] * 2 + [functools.partial(testenvs.make_raising_env, 99)] * 2
+    pool = ShmEnvPool(fns, batch_size=2, n_workers=2, start_method="fork")
+    try:
+        pool.reset()
+        pool.recv()  # the other two reset envs
+        with pytest.raises(testenvs.EnvBoom):
+            for _ in range(10):
+                pool.send(np.zeros(4, dtype=np.int64))
+                pool.recv()
+                pool.recv()
+        with pytest.raises(BrokenVecEnvError):
+            pool.send(np.zeros(2, dtype=np.int64), [2, 3])
+    finally:
+        pool.close()
+    pool = ShmEnvPool([functools.partial(testenvs.make_suicide_env, 2)] * 2, batch_size=1, n_workers=2,
+                      start_method="fork")
+    try:
+        pool.reset()
+        pool.recv()
+        with pytest.raises(WorkerDiedError, match="died"):
+            for _ in range(5):
+                pool.send(np.zeros(2, dtype=np.int64))
+                pool.recv()
+                pool.recv()
+    finally:
+        pool.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The SB3 entry point
+# ---------------------------------------------------------------------------------------------
+
+def test_sb3_pool_with_full_batch_equals_dummy_vec_env():
+    """batch_size == num_envs: synchronous, rows in env order, DummyVecEnv step for step."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from shmvec.vec_env_pool import ShmVecEnvPool
+
+    fns = testenvs.spaces_env_fns("dict", "discrete", 5)
+    ref = DummyVecEnv(fns)
+    env = ShmVecEnvPool(fns, n_workers=2, start_method="fork")
+    try:
+        assert env.num_envs == 5 and env.pool_size == 5
+        ref.seed(3)
+        env.seed(3)
+        assert_same(env.reset(), ref.reset(), "reset", strict_dtype=True)
+        rng = np.random.default_rng(0)
+        ended = 0
+        for t in range(60):
+            act = rng.integers(0, 3, size=5)
+            obs_r, rew_r, done_r, infos_r = ref.step(act)
+            obs_s, rew_s, done_s, infos_s = env.step(act)
+            assert_same(obs_s, obs_r, f"step {t} obs", strict_dtype=True)
+            assert_same(rew_s, rew_r, f"step {t} rewards", strict_dtype=True)
+            assert_same(done_s, done_r, f"step {t} dones", strict_dtype=True)
+            assert_same(infos_s, infos_r, f"step {t} infos", ignore=frozenset({"env_id", "pool_obs", "pool_action"}))
+            assert [info["env_id"] for info in infos_s] == [0, 1, 2, 3, 4]
+            ended += int(done_r.sum())
+        assert ended > 0
+        assert env.get_attr("tag") == [0, 1, 2, 3, 4]
+        assert env.env_method("bump", 3, indices=[1, 3]) == [3, 3]
+        env.set_attr("scale", 2.0, indices=[0])
+        assert env.get_attr("scale") == [2.0, 1.0, 1.0, 1.0, 1.0]
+        assert env.env_is_wrapped(testenvs.TimeLimit) == [True] * 5
+    finally:
+        close_all(env, ref)
+
+
+def _transition_errors(obs, next_obs, action, reward) -> int:
+    """Transitions of CounterEnv that cannot have happened (stitched from different envs)."""
+    tag, t = obs[:, 0], obs[:, 1]
+    ok = (next_obs[:, 0] == tag) & (next_obs[:, 1] == t + 1) & np.isclose(reward, 10 * tag + t + 0.25 * action)
+    return int((~ok).sum())
+
+
+@pytest.mark.parametrize("buffer", ["pool", "plain"])
+def test_sb3_dqn_stores_true_transitions_only_with_pool_replay_buffer(buffer):
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    from shmvec.vec_env_pool import PoolReplayBuffer, ShmVecEnvPool
+
+    env = ShmVecEnvPool([functools.partial(poolenvs.make_counter_env, i) for i in range(8)], batch_size=3,
+                        n_workers=2, start_method="fork")
+    try:
+        model = DQN("MlpPolicy", env, learning_starts=10_000, buffer_size=2000, seed=0, device="cpu",
+                    replay_buffer_class=PoolReplayBuffer if buffer == "pool" else ReplayBuffer)
+        model.learn(600)
+        rb = model.replay_buffer
+        n = rb.pos
+        assert n > 150
+        obs = rb.observations[:n].reshape(-1, 2)
+        nxt = rb.next_observations[:n].reshape(-1, 2)
+        act = rb.actions[:n].reshape(-1)
+        rew = rb.rewards[:n].reshape(-1)
+        done = rb.dones[:n].reshape(-1).astype(bool)
+        errors = _transition_errors(obs, nxt, act, rew)
+        if buffer == "pool":
+            assert errors == 0
+            assert done.sum() > 10
+        else:  # SB3's row-wise pairing stitches envs together: the reason for PoolReplayBuffer
+            assert errors > len(obs) // 4
+    finally:
+        env.close()
+
+
+def test_sb3_sac_box_actions_are_stored_scaled_and_paired():
+    """Box actions: PoolReplayBuffer stores each env's own action scaled to [-1, 1] as SB3 does."""
+    from stable_baselines3 import SAC
+
+    from shmvec.vec_env_pool import PoolReplayBuffer, ShmVecEnvPool
+
+    env = ShmVecEnvPool([functools.partial(poolenvs.make_counter_env, i, 0.0005, True) for i in range(6)],
+                        batch_size=2, n_workers=2, start_method="fork")
+    try:
+        model = SAC("MlpPolicy", env, learning_starts=10_000, buffer_size=1000, seed=0, device="cpu",
+                    replay_buffer_class=PoolReplayBuffer)
+        model.learn(300)
+        rb = model.replay_buffer
+        n = rb.pos
+        assert n > 100
+        scaled = rb.actions[:n].reshape(-1)
+        assert np.abs(scaled).max() <= 1.0 + 1e-6 and np.abs(scaled).max() > 0.5
+        errors = _transition_errors(rb.observations[:n].reshape(-1, 2), rb.next_observations[:n].reshape(-1, 2),
+                                    2.0 * scaled, rb.rewards[:n].reshape(-1))
+        assert errors == 0
+    finally:
+        env.close()
+
+
+class _Alarm(Exception):
+    pass
+
+
+def test_interrupted_recv_loses_no_env_and_timeout_is_reported():
+    import signal
+
+    from shmvec import WorkerTimeoutError
+
+    fns = [functools.partial(testenvs.make_sleepy_env, 0.0), functools.partial(testenvs.make_sleepy_env, 1.0)]
+    pool = ShmEnvPool(fns, batch_size=2, n_workers=2, start_method="fork")
+
+    def on_alarm(signum, frame):
+        raise _Alarm()
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        pool.reset()
+        pool.send(np.zeros(2, dtype=np.int64), [0, 1])
+        signal.setitimer(signal.ITIMER_REAL, 0.4)  # env 0 is back by then, env 1 sleeps 1 s
+        with pytest.raises(_Alarm):
+            pool.recv()
+        infos = pool.recv()[4]  # the same recv goes on: env 0's result was kept
+        assert sorted(infos["env_id"].tolist()) == [0, 1]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        pool.close()
+    pool = ShmEnvPool([functools.partial(testenvs.make_sleepy_env, 60.0)] * 2, batch_size=1, n_workers=2,
+                      start_method="fork", timeout=0.5)
+    try:
+        pool.reset()
+        pool.recv()
+        pool.send(np.zeros(2, dtype=np.int64))
+        with pytest.raises(WorkerTimeoutError, match="did not finish within 0.5 s"):
+            pool.recv()
+    finally:
+        pool.close()  # terminates the sleeping workers
+
+
+def test_info_larger_than_its_slot_names_the_env():
+    from shmvec._pool import InfoTooLargeError
+
+    fns = [functools.partial(testenvs.make_big_info_env, i) for i in range(2)]
+    pool = ShmEnvPool(fns, batch_size=2, n_workers=1, start_method="fork", info_bytes=64)
+    try:
+        pool.reset()
+        with pytest.raises(InfoTooLargeError, match=r"info of env \d takes \d+ bytes.*info_bytes=64"):
+            for _ in range(20):
+                pool.step(np.zeros(2, dtype=np.int64), [0, 1])
+    finally:
+        pool.close()

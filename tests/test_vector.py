@@ -1,0 +1,319 @@
+"""ShmVectorEnv (the Gymnasium VectorEnv) against Gymnasium's own SyncVectorEnv.
+
+Everything is compared exactly, step for step, on the same seeds and actions, for each
+autoreset mode: observations (every leaf, dtype included), rewards (float64), terminated,
+truncated and infos (dict of arrays, ``_key`` masks, ``final_obs``/``final_info``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.wrappers import vector as vw
+
+import testenvs
+from helpers import assert_same, close_all
+from shmvec import ShmVecEnvError, ShmVectorEnv, make_vec
+from shmvec._errors import ClosedVecEnvError
+
+N_STEPS = 80
+MODES = list(AutoresetMode)
+ACT_FOR_OBS = {"box": "box", "image": "discrete", "discrete": "multidiscrete", "multibinary": "box",
+               "dict": "discrete", "tuple": "multibinary", "nested": "discrete"}
+
+FORK_CASES = [
+    pytest.param("fork", mode, obs, ACT_FOR_OBS[obs], 5, 2, id=f"fork-{mode.value}-{obs}-5x2")
+    for mode in MODES
+    for obs in ("box", "discrete", "dict", "tuple", "image")
+] + [
+    pytest.param("fork", mode, "nested", "discrete", 7, 3, id=f"fork-{mode.value}-nested-7x3") for mode in MODES
+]
+SLOW_CASES = [
+    pytest.param(method, mode, "dict", "discrete", 4, 2, id=f"{method}-{mode.value}-dict-4x2")
+    for method in ("forkserver", "spawn")
+    for mode in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP)
+]
+
+
+def assert_same_vec(a, b, path: str = "value") -> None:
+    """``assert_same`` with exact dtypes, plus object arrays (``final_obs``) compared element by element."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert set(a) == set(b), f"{path}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
+        for key in a:
+            assert_same_vec(a[key], b[key], f"{path}[{key!r}]")
+        return
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        assert len(a) == len(b), f"{path}: length {len(a)} vs {len(b)}"
+        for k, (x, y) in enumerate(zip(a, b)):
+            assert_same_vec(x, y, f"{path}[{k}]")
+        return
+    if isinstance(a, np.ndarray) and a.dtype == object:
+        assert isinstance(b, np.ndarray) and b.dtype == object and a.shape == b.shape, f"{path}: {a!r} vs {b!r}"
+        for k, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{k}]")
+        return
+    assert_same(a, b, path, strict_dtype=True)
+
+
+class Coverage:
+    def __init__(self) -> None:
+        self.terminated = self.truncated = self.info_keys = self.final = self.masked_resets = 0
+
+
+def run_lockstep(ref, env, n_steps: int = N_STEPS, seed: int = 7, spaces_env: bool = True) -> Coverage:
+    """Steps both vector envs with the same seeds and actions; asserts every output is equal."""
+    cov = Coverage()
+    mode = env.metadata["autoreset_mode"]
+    assert mode == ref.metadata["autoreset_mode"]
+    assert env.num_envs == ref.num_envs
+    for name in ("observation_space", "action_space", "single_observation_space", "single_action_space"):
+        assert getattr(env, name) == getattr(ref, name), name
+    assert_same_vec(env.reset(seed=seed), ref.reset(seed=seed), "first reset")
+    ref.action_space.seed(seed)
+    actions = [ref.action_space.sample() for _ in range(n_steps)]
+    for t, act in enumerate(actions):
+        if t == n_steps // 2:  # a reset in the middle: per-env seeds and options
+            seeds = [seed + 100 + i if i % 2 else None for i in range(env.num_envs)]
+            out, want = env.reset(seed=seeds, options={"offset": 1.5}), ref.reset(seed=seeds, options={"offset": 1.5})
+            assert_same_vec(out, want, f"reset at step {t}")
+            if spaces_env:  # the options reached the envs
+                assert (want[1]["offset"] == 1.5).all()
+        want = ref.step(act)
+        out = env.step(act)
+        assert_same_vec(out, want, f"step {t} ({mode.value})")
+        _, _, term, trunc, infos = want
+        cov.terminated += int(term.sum())
+        cov.truncated += int(trunc.sum())
+        cov.info_keys += len([k for k in infos if not k.startswith("_")])
+        cov.final += int("final_obs" in infos)
+        if mode == AutoresetMode.DISABLED and (term | trunc).any():
+            mask = term | trunc
+            # the mask argument is not modified; the others keep their observation
+            out = env.reset(options={"reset_mask": mask.copy()})
+            want = ref.reset(options={"reset_mask": mask.copy()})
+            assert_same_vec(out, want, f"masked reset after step {t}")
+            cov.masked_resets += 1
+    return cov
+
+
+@pytest.mark.parametrize("method, mode, obs_kind, act_kind, n_envs, n_workers", FORK_CASES + SLOW_CASES)
+def test_matches_sync_vector_env(method, mode, obs_kind, act_kind, n_envs, n_workers):
+    fns = testenvs.spaces_env_fns(obs_kind, act_kind, n_envs)
+    ref = SyncVectorEnv(fns, autoreset_mode=mode)
+    env = None
+    try:
+        env = ShmVectorEnv(fns, autoreset_mode=mode, n_workers=n_workers, start_method=method)
+        assert env.n_workers == n_workers
+        cov = run_lockstep(ref, env)
+        assert cov.terminated > 0 and cov.truncated > 0 and cov.info_keys > 0
+        assert (cov.final > 0) == (mode == AutoresetMode.SAME_STEP)
+        assert (cov.masked_resets > 0) == (mode == AutoresetMode.DISABLED)
+    finally:
+        close_all(env, ref)
+
+
+def test_autoreset_mode_as_string_and_metadata():
+    fns = testenvs.spaces_env_fns("box", "discrete", 2)
+    env = ShmVectorEnv(fns, autoreset_mode="SameStep", n_workers=1, start_method="fork")
+    try:
+        assert env.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP
+        assert env.metadata["render_fps"] == 4  # the env's own metadata is kept
+        assert isinstance(env, gym.vector.VectorEnv)
+    finally:
+        env.close()
+    with pytest.raises(ValueError):
+        ShmVectorEnv(fns, autoreset_mode="EveryOtherStep")
+
+
+def test_copy_false_still_steps_right():
+    fns = testenvs.spaces_env_fns("tuple", "box", 4)
+    ref = SyncVectorEnv(fns)
+    env = ShmVectorEnv(fns, copy=False, n_workers=2, start_method="fork")
+    try:
+        run_lockstep(ref, env, n_steps=30)
+    finally:
+        close_all(env, ref)
+
+
+def test_disabled_refuses_to_step_an_ended_env():
+    fns = testenvs.spaces_env_fns("box", "discrete", 3, max_steps=2)
+    env = ShmVectorEnv(fns, autoreset_mode=AutoresetMode.DISABLED, n_workers=2, start_method="fork")
+    try:
+        env.reset(seed=0)
+        actions = np.zeros(3, dtype=np.int64)
+        env.step(actions)
+        _, _, term, trunc, _ = env.step(actions)
+        assert trunc.all()
+        with pytest.raises(ShmVecEnvError, match=r"envs \[0, 1, 2\] ended.*reset_mask"):
+            env.step(actions)
+        env.reset(options={"reset_mask": np.array([True, False, True])})
+        with pytest.raises(ShmVecEnvError, match=r"envs \[1\] ended"):
+            env.step(actions)
+        env.reset(options={"reset_mask": np.array([False, True, False])})
+        env.step(actions)  # the refusal left the vector env usable
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("mask, exc", [
+    ([True, False], TypeError),                      # not an array
+    (np.array([True, False, True]), ValueError),     # wrong shape
+    (np.array([1, 0]), TypeError),                   # wrong dtype
+    (np.array([False, False]), ValueError),          # nothing to reset
+])
+def test_reset_mask_validation(mask, exc):
+    fns = testenvs.spaces_env_fns("box", "discrete", 2)
+    env = ShmVectorEnv(fns, n_workers=1, start_method="fork")
+    try:
+        with pytest.raises(exc):
+            env.reset(options={"reset_mask": mask})
+        with pytest.raises(ValueError, match="num_envs=2"):
+            env.reset(seed=[1, 2, 3])
+        env.reset(seed=1)  # still usable
+    finally:
+        env.close()
+
+
+def test_call_get_attr_set_attr_render_match_sync():
+    fns = [functools.partial(testenvs.make_render_env, i) for i in range(5)]
+    ref = SyncVectorEnv(fns)
+    env = ShmVectorEnv(fns, n_workers=2, start_method="fork")
+    try:
+        assert env.render_mode == ref.render_mode == "rgb_array"
+        env.reset(seed=1)
+        ref.reset(seed=1)
+        assert env.call("describe") == ref.call("describe")
+        assert env.call("bump", 2, times=3) == ref.call("bump", 2, times=3) == (6,) * 5
+        assert env.get_attr("tag") == ref.get_attr("tag") == (0, 1, 2, 3, 4)
+        assert env.call("tag") == (0, 1, 2, 3, 4)  # not callable: returned as is
+        env.set_attr("scale", [0.5, 1.0, 2.0, 3.0, 4.0])
+        ref.set_attr("scale", [0.5, 1.0, 2.0, 3.0, 4.0])
+        assert env.get_attr("scale") == (0.5, 1.0, 2.0, 3.0, 4.0)
+        env.set_attr("counter", 9)
+        assert env.get_attr("counter") == (9,) * 5
+        with pytest.raises(ValueError, match="length equal"):
+            env.set_attr("scale", [1.0, 2.0])
+        act = np.ones(5, dtype=np.int64)
+        assert_same_vec(env.step(act), ref.step(act), "step after set_attr")
+        frames = env.render()
+        assert isinstance(frames, tuple)
+        assert_same(frames, ref.render(), "frames")
+        assert env.np_random_seed == ref.np_random_seed
+        with pytest.raises(KeyError, match="env_method failure"):
+            env.call("fail")
+        assert env.get_attr("tag") == (0, 1, 2, 3, 4)  # an env's error in call() leaves it usable
+    finally:
+        close_all(env, ref)
+
+
+def test_env_error_and_closed_use():
+    env = ShmVectorEnv([functools.partial(testenvs.make_raising_env, 2)] * 2, n_workers=2, start_method="fork")
+    try:
+        env.reset()
+        env.step(np.zeros(2, dtype=np.int64))
+        with pytest.raises(testenvs.EnvBoom):
+            env.step(np.zeros(2, dtype=np.int64))
+    finally:
+        env.close()
+    env.close()  # idempotent
+    assert env.closed
+    with pytest.raises(ClosedVecEnvError):
+        env.step(np.zeros(2, dtype=np.int64))
+    with pytest.raises(ClosedVecEnvError):
+        env.reset()
+
+
+def test_bad_actions_are_refused():
+    env = ShmVectorEnv(testenvs.spaces_env_fns("box", "box", 3), n_workers=1, start_method="fork")
+    try:
+        env.reset(seed=0)
+        with pytest.raises(ValueError, match="shape"):
+            env.step(np.zeros((3, 5), dtype=np.float32))
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_make_vec_matches_gymnasium_make_vec(method):
+    ref = gym.make_vec("CartPole-v1", num_envs=6, vectorization_mode="sync",
+                       wrappers=[gym.wrappers.TimeAwareObservation], max_episode_steps=40)
+    env = make_vec("CartPole-v1", num_envs=6, vector_kwargs={"n_workers": 2, "start_method": method},
+                   wrappers=[gym.wrappers.TimeAwareObservation], max_episode_steps=40)
+    try:
+        assert isinstance(env, ShmVectorEnv)
+        assert env.spec.id == "CartPole-v1" and env.spec.kwargs["num_envs"] == 6
+        assert env.single_observation_space.shape == (5,)  # the wrapper ran in the workers
+        cov = run_lockstep(ref, env, n_steps=120, spaces_env=False)
+        assert cov.truncated > 0 and cov.terminated > 0
+        assert "ShmVectorEnv(CartPole-v1, num_envs=6)" in repr(env)
+    finally:
+        close_all(env, ref)
+    env = ShmVectorEnv.from_id("CartPole-v1", num_envs=2, vector_kwargs={"n_workers": 1, "start_method": "fork"})
+    try:
+        assert env.reset(seed=0)[0].shape == (2, 4)
+    finally:
+        env.close()
+
+
+def _wrapped(venv):
+    venv = vw.RecordEpisodeStatistics(venv)
+    venv = vw.NormalizeObservation(venv)
+    venv = vw.NormalizeReward(venv, gamma=0.9)
+    venv = vw.ClipReward(venv, min_reward=-1.0, max_reward=1.0)
+    venv = vw.TransformObservation(venv, lambda obs: obs * 2.0, venv.observation_space)
+    return vw.DictInfoToList(venv)
+
+
+def test_gymnasium_vector_wrappers_on_top():
+    """Gymnasium's vector wrappers, stacked, behave identically on ShmVectorEnv and SyncVectorEnv."""
+    fns = testenvs.spaces_env_fns("box", "box", 6)
+    ref = _wrapped(SyncVectorEnv(fns))
+    env = _wrapped(ShmVectorEnv(fns, n_workers=2, start_method="fork"))
+    try:
+        obs_e, infos_e = env.reset(seed=3)
+        obs_r, infos_r = ref.reset(seed=3)
+        assert np.allclose(obs_e, obs_r) and obs_e.dtype == obs_r.dtype
+        ref.action_space.seed(3)
+        episodes = 0
+        for t in range(150):
+            act = ref.action_space.sample()
+            out, want = env.step(act), ref.step(act)
+            for k in range(4):  # running statistics: equal up to float rounding
+                np.testing.assert_allclose(out[k], want[k], rtol=1e-6, err_msg=f"step {t} item {k}")
+            assert len(out[4]) == 6 and isinstance(out[4], list)
+            for i, (a, b) in enumerate(zip(out[4], want[4])):
+                assert set(a) == set(b), f"step {t} env {i}"
+                if "episode" in b:
+                    episodes += 1
+                    assert a["episode"]["r"] == pytest.approx(b["episode"]["r"])
+                    assert a["episode"]["l"] == b["episode"]["l"]
+        assert episodes > 5
+        assert env.unwrapped.__class__ is ShmVectorEnv
+    finally:
+        close_all(env, ref)
+
+
+@pytest.mark.timeout(170)
+def test_cleanrl_ppo_example_runs():
+    """examples/cleanrl_ppo.py trains on ShmVectorEnv for a few iterations (a real subprocess)."""
+    root = Path(__file__).resolve().parents[1]
+    script = root / "examples" / "cleanrl_ppo.py"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, str(script), "--total-timesteps", "2048", "--num-envs", "8", "--num-steps", "64",
+         "--n-workers", "2", "--update-epochs", "2", "--seed", "1"],
+        capture_output=True, text=True, timeout=160, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("iteration")]
+    assert len(lines) == 4, proc.stdout  # 2048 / (8 * 64) iterations
+    assert "episodes=" in lines[-1]
+    assert int(lines[-1].split("episodes=")[1].split()[0]) > 0
