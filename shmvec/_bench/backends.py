@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -187,10 +188,18 @@ class Backend:
 
 
 def _optional_module(name: str) -> bool:
+    """Whether ``name`` is importable; for ``shmvec.*``, only from this copy of shmvec (an editable
+    install elsewhere on the machine must not lend this one modules it lacks)."""
     try:
-        return importlib.util.find_spec(name) is not None
+        spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return False
+    if spec is None:
+        return False
+    if name.startswith("shmvec.") and spec.origin:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        return os.path.abspath(spec.origin).startswith(here + os.sep)
+    return True
 
 
 REGISTRY: dict[str, Backend] = {
