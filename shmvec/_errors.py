@@ -59,6 +59,26 @@ class ObservationError(ShmVecEnvError, ValueError):
     """An env returned an observation that does not fit its declared observation space."""
 
 
+class TooManyRestartsError(ShmVecEnvError):
+    """With ``on_failure="restart"``: a failure came after ``max_restarts`` restarts; the vec env is broken."""
+
+
+class InvalidActionError(ShmVecEnvError, ValueError):
+    """Actions that an env must not receive: NaN in a float ``Box``, out of range for a discrete space."""
+
+    def __init__(self, message: str, env_indices: list[int]) -> None:
+        super().__init__(message)
+        self.env_indices = env_indices
+
+
+class WorkerRestartWarning(RuntimeWarning):
+    """With ``on_failure="restart"``: a worker failed and was restarted (its episodes end as truncated)."""
+
+
+class InvalidActionWarning(RuntimeWarning):
+    """With ``invalid_actions="warn"``: actions that are NaN or out of range were passed on to the envs."""
+
+
 class RemoteTraceback(Exception):
     """Carries a worker's formatted traceback; shown as the ``__cause__`` of the re-raised error."""
 

@@ -93,6 +93,25 @@ How failures are noticed
   checks the parent through a pidfd (or its pid); the worker then exits.  The
   segment itself was unlinked once every worker had attached, so nothing stays
   in /dev/shm whatever dies.
+
+Restarting a worker (on_failure="restart"; shmvec._recovery)
+-------------------------------------------------------------
+The parent waits until every live worker has answered: PENDING reaches the
+number of failed workers that never decremented it (a worker writes DONE_SEQ
+before its decrement, so DONE_SEQ[w] != seq[w] tells them), then stores
+PENDING <- 0.  It stops the failed worker (a live one gets CLOSE, with its own
+bump of CMD_SEQ[w]), reaps it and zeroes CMD_SLEEPERS[w] (a worker killed in
+its futex wait stays counted).  The new worker cannot open the segment by name
+(unlinked): after its "spaces" message the parent sends ("attach_fd", sizes)
+and then the segment's descriptor itself (SCM_RIGHTS through the worker's
+pipe, multiprocessing.reduction.send_handle); the worker maps it
+(shmvec._segment.FdSegment), reads CMD_SEQ[w] as its last seen command and
+answers "ready".  The parent then posts RESET to the new workers only
+(PENDING <- their number), and writes the truncation report of their envs
+(rewards, flags, terminal observations) into their own slices, which it owns
+again once PENDING is 0.  Workers restarted outside a step (a dead worker found
+before a rare command) are left out of the next STEP: the parent bumps only the
+others' CMD_SEQ and sets PENDING to their number.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import select
 import signal
 import sys
 import time
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
@@ -24,6 +25,7 @@ from shmvec import _protocol as P
 from shmvec._core import Words
 from shmvec._errors import ShmVecEnvError, SpaceError, pack_exception
 from shmvec._layout import Layout, close_mapping, make_gather, make_scatter
+from shmvec._segment import FdSegment
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
                 "VECLIB_MAXIMUM_THREADS")
@@ -123,7 +125,7 @@ class _Worker:
         self.parent = parent
         self.spin = spin
         self.current: int | None = None
-        self.shm: SharedMemory | None = None
+        self.shm: SharedMemory | FdSegment | None = None
         self.words: Words | None = None
         # Autoreset (see _protocol): SAME_STEP resets a finished env within the step that ended it
         # (SB3, and Gymnasium's SAME_STEP); NEXT_STEP resets it instead of stepping it on the next
@@ -137,9 +139,11 @@ class _Worker:
         self.pool: Any = None  # the asynchronous pool's server (shmvec._pool), once attached
 
     # ---- set-up --------------------------------------------------------------------------------
-    def attach(self, shm_name: str, n_envs: int, n_workers: int, mailbox_bytes: int) -> None:
+    def attach(self, shm_name: str | None, n_envs: int, n_workers: int, mailbox_bytes: int,
+               fd: int | None = None) -> None:
+        """Maps the block by name, or (a restarted worker: the name is gone) from the descriptor ``fd``."""
         env = self.envs[0]
-        self.shm = SharedMemory(name=shm_name)
+        self.shm = SharedMemory(name=shm_name) if fd is None else FdSegment(fd)
         layout = Layout(env.observation_space, env.action_space, n_envs, n_workers, mailbox_bytes)
         views = layout.views(self.shm.buf)
         self.words = Words(self.shm.buf, layout.ctrl_offset, layout.ctrl_words)
@@ -432,9 +436,15 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
         conn.send(("spaces", (first.observation_space, first.action_space,
                               getattr(first, "render_mode", None), dict(first.metadata))))
         msg = _recv(conn, parent)
-        if msg[0] != "attach":
+        if msg[0] == "attach_fd":  # a restart: the block's name is unlinked, its descriptor follows
+            while not conn.poll(P.PARENT_POLL_S):
+                if not parent.alive():
+                    raise EOFError("parent process died")
+            worker.attach(None, *msg[1], fd=reduction.recv_handle(conn))
+        elif msg[0] == "attach":
+            worker.attach(*msg[1])
+        else:
             return
-        worker.attach(*msg[1])
         conn.send(("ready", None))
         worker.serve()
     except (EOFError, BrokenPipeError, ConnectionResetError):

@@ -25,6 +25,7 @@ from gymnasium import spaces
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 from shmvec import _protocol as P
+from shmvec._actions import INVALID_ACTIONS, exact_integers, make_action_checks
 from shmvec._core import Words
 from shmvec._errors import (
     AlreadyPendingCallError,
@@ -39,6 +40,7 @@ from shmvec._errors import (
     unpack_exception,
 )
 from shmvec._layout import Layout, close_mapping, make_gather, split_envs
+from shmvec._recovery import Recovery
 from shmvec import factories as F
 from shmvec._worker import worker_main
 
@@ -88,6 +90,7 @@ class _Resources:
     words: Words | None = None
     views: Any = None
     released: bool = False
+    died_in_close: list[tuple[int, int | None]] = []
 
     def unlink(self) -> None:
         if self.shm is not None and not self.unlinked:
@@ -119,6 +122,8 @@ class _Resources:
         deadline = time.monotonic() + (_CLOSE_JOIN_S if polite else 0.0)
         for w, p in alive:
             p.join(max(0.0, deadline - time.monotonic()))
+        if polite:  # asked to close, they exited on their own: a non-zero code is a crash in env.close()
+            self.died_in_close = [(w, p.exitcode) for w, p in alive if not p.is_alive() and p.exitcode != 0]
         for w, p in alive:
             if p.is_alive():
                 p.terminate()
@@ -147,7 +152,7 @@ class _Resources:
         return close_errors
 
 
-class ShmVecEnv(VecEnv):
+class ShmVecEnv(Recovery, VecEnv):
     """A vectorized environment whose workers step slices of the envs in shared memory.
 
     A drop-in for SB3's ``SubprocVecEnv``::
@@ -175,6 +180,20 @@ class ShmVecEnv(VecEnv):
         and sleep at once when it does not (a policy update between steps).
     :param mailbox_bytes: per-worker shared buffer for infos and reset arguments; larger results
         travel through the worker's pipe instead.
+    :param on_failure: what a failed worker (it died, one of its envs raised in ``step``/``reset``,
+        or it did not answer within ``timeout``) does to the vec env.  ``"raise"`` (default): the
+        call raises (``WorkerDiedError``, ``WorkerTimeoutError`` or the env's own exception) and
+        the vec env is broken.  ``"restart"``: the worker is restarted, its envs rebuilt from
+        their factories and reset, and their episodes reported as truncated with
+        ``info["shmvec_restarted"]`` saying why (see :mod:`shmvec._recovery`); a
+        ``WorkerRestartWarning`` is emitted each time.  With ``copy=False`` it costs one copy of
+        the observations per step (the terminal observation of a restarted env must survive).
+    :param max_restarts: with ``on_failure="restart"``, how many restarts a vec env may do in
+        its life; the next failure raises ``TooManyRestartsError``.  None: no limit.
+    :param invalid_actions: NaN in a float ``Box`` action, or a ``Discrete``/``MultiDiscrete``/
+        ``MultiBinary`` action out of range: ``"raise"`` (default) raises
+        ``InvalidActionError`` (a ``ValueError`` naming the envs) before anything is sent,
+        ``"warn"`` warns (``InvalidActionWarning``) and sends them, ``"ignore"`` skips the check.
     :param envs_per_worker: at most this many envs per worker (sets ``n_workers`` to
         ``ceil(n_envs / envs_per_worker)``); ``envs_per_worker=1`` runs each env in a process of its
         own, for simulators that allow one instance per process.
@@ -189,6 +208,7 @@ class ShmVecEnv(VecEnv):
     :raises UnpicklableFactoryError: a factory cannot be pickled; the message names the object.
     :raises SpaceError: the envs' spaces differ or cannot live in shared memory.
     :raises WorkerDiedError: a worker died while starting.
+    :raises ValueError: an option is out of its range.
     """
 
     # Class-level defaults: close() and __del__ are safe on a half-built object.
@@ -209,6 +229,9 @@ class ShmVecEnv(VecEnv):
         timeout: float | None = None,
         spin_us: float | tuple[float, float] | None = None,
         mailbox_bytes: int = P.MAILBOX_BYTES,
+        on_failure: str = "raise",
+        max_restarts: int | None = 100,
+        invalid_actions: str = "raise",
         envs_per_worker: int | None = None,
         cpu_affinity: bool | Sequence[int | Sequence[int]] | None = None,
         preload: Sequence[str] | None = None,
@@ -236,6 +259,10 @@ class ShmVecEnv(VecEnv):
             raise ValueError(f"start_method {start_method!r} is not one of {mp.get_all_start_methods()}")
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be positive or None, got {timeout}")
+        self._init_recovery(on_failure, max_restarts)
+        if invalid_actions not in INVALID_ACTIONS:
+            raise ValueError(f"invalid_actions must be one of {INVALID_ACTIONS}, got {invalid_actions!r}")
+        self.invalid_actions = invalid_actions
         self._cpu_sets = F.cpu_sets(cpu_affinity, n_workers)
         if preload:
             if start_method != "forkserver":
@@ -257,6 +284,7 @@ class ShmVecEnv(VecEnv):
         self._worker_spin = max(0.0, worker_us) * 1e-6
 
         payloads = [self._pickle_factories(env_fns, sl) for sl in self.slices]
+        self._payloads, self._worker_threads = payloads, worker_threads  # kept to restart a worker
         res = self._res = _Resources()
         self._finalizer = weakref.finalize(self, res.release)
         res.processes, res.conns = [], []
@@ -339,6 +367,8 @@ class ShmVecEnv(VecEnv):
         self._obs_copy = make_gather(obs_space, views.obs, copy=True)
         self._term_obs = make_gather(obs_space, views.term_obs, copy=True)
         self._act_leaves = list(layout.act_leaves)
+        self._act_checks = make_action_checks(act_space, [leaf.path for leaf in layout.act_leaves],
+                                              self.invalid_actions)
         super().__init__(layout.n_envs, obs_space, act_space)
         self.metadata = metadata
 
@@ -359,7 +389,8 @@ class ShmVecEnv(VecEnv):
                 self.reset_infos[i] = info
         self._reset_seeds()
         self._reset_options()
-        return self._obs_copy(slice(None)) if self.copy else self._obs_view(slice(None))
+        obs = self._obs_copy(slice(None)) if self.copy else self._obs_view(slice(None))
+        return self._remember_obs(obs) if self._restart else obs
 
     def _reset_workers(self, all_seeds: list, all_options: list, mask: np.ndarray | None = None) -> list[list]:
         """Runs RESET (of the envs in ``mask``, or all) with per-env seeds and options; returns the items."""
@@ -386,20 +417,26 @@ class ShmVecEnv(VecEnv):
                 self._views.mailbox[w, :len(data)] = np.frombuffer(data, dtype=np.uint8)
                 arg_len = len(data)
             self._words.store(P.word(w, P.ARG_LEN), arg_len)
+            if self._restart:  # a worker restarted during this reset gets the same seeds and options
+                self._reset_args[w] = data if arg_len else None
         self._post(P.Cmd.RESET)
         return self._complete("reset")
 
     def step_async(self, actions: np.ndarray) -> None:
         """Writes ``actions`` into shared memory and starts every worker.
 
-        :raises ValueError: the actions do not fit the action space (shape, dtype, NaN).
+        :raises ValueError: the actions do not fit the action space (shape, dtype);
+            ``InvalidActionError`` (a ValueError): NaN or out of range (see ``invalid_actions``).
         :raises AlreadyPendingCallError: a step is already in flight.
         """
         self._check_usable()
         if self.waiting:
             raise AlreadyPendingCallError("step_async() called twice: call step_wait() before the next step_async()")
         self._write_actions(actions)
-        self._post(P.Cmd.STEP)
+        if self._fresh:  # restarted envs that await their truncation report are not stepped
+            self._post_skipping(P.Cmd.STEP)
+        else:
+            self._post(P.Cmd.STEP)
         self.waiting = True
 
     def step_wait(self) -> VecEnvStepReturn:
@@ -407,6 +444,9 @@ class ShmVecEnv(VecEnv):
 
         :raises NoAsyncCallError: no step is in flight.
         :raises WorkerDiedError: a worker died; the original exception type if an env raised.
+            With ``on_failure="restart"`` the worker is restarted instead, and its envs are
+            reported as truncated (``info["shmvec_restarted"]``); ``TooManyRestartsError`` once
+            ``max_restarts`` is spent.
         """
         self._check_usable()
         if not self.waiting:
@@ -433,6 +473,8 @@ class ShmVecEnv(VecEnv):
         for i in done_indices:
             infos[i]["terminal_observation"] = self._term_obs(i)
         obs = self._obs_copy(slice(None)) if self.copy else self._obs_view(slice(None))
+        if self._restart:
+            self._remember_obs(obs)
         return obs, views.rew.astype(np.float32), dones, infos
 
     def close(self) -> None:
@@ -462,6 +504,14 @@ class ShmVecEnv(VecEnv):
         if errors:
             _, packed = errors[0]
             raise unpack_exception(packed, "Everything else was released.")
+        if res.died_in_close:
+            w, code = res.died_in_close[0]
+            sl = self.slices[w]
+            raise WorkerDiedError(
+                f"worker {w} (envs {sl.start}..{sl.stop - 1}) died during close with {describe_exitcode(code)} "
+                "(in an env's close(), most likely). Everything was released anyway.",
+                worker=w, env_indices=sl, exitcode=code,
+            )
 
     def get_images(self) -> Sequence[np.ndarray | None]:
         if self.render_mode != "rgb_array":
@@ -574,8 +624,16 @@ class ShmVecEnv(VecEnv):
                     f"(n_envs={self.num_envs} x the action space's {leaf.shape})"
                 )
         if arr.dtype != leaf.dtype and not np.can_cast(arr.dtype, leaf.dtype, "same_kind"):
-            where = "".join(f"[{k!r}]" for k in leaf.path)
-            raise ValueError(f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype}")
+            exact = exact_integers(arr, leaf.dtype)  # whole floats, as SB3 sends MultiBinary actions
+            if exact is None:
+                where = "".join(f"[{k!r}]" for k in leaf.path)
+                raise ValueError(
+                    f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype} "
+                    "(floats are accepted for an integer space only when every value is a whole number that fits)")
+            arr = exact
+        check = self._act_checks.get(leaf.path)
+        if check is not None:
+            check(arr)  # NaN, out of range: raises InvalidActionError (or warns) naming the envs
         np.copyto(self._views.act[leaf.path], arr, casting="unsafe")
 
     def _post(self, cmd: P.Cmd) -> None:
@@ -591,6 +649,8 @@ class ShmVecEnv(VecEnv):
     def _complete(self, command: str, deadline_s: float | None = None) -> list[list]:
         """Waits for PENDING to reach 0, then collects each worker's infos (or error)."""
         try:
+            if self._restart and deadline_s is None and command in ("step", "reset"):
+                return self._complete_restarting(command)
             return self._complete_or_raise(command, deadline_s)
         except BaseException as exc:
             # Interrupted (KeyboardInterrupt, or any exception a signal handler raised) while the
@@ -717,6 +777,8 @@ class ShmVecEnv(VecEnv):
             raise AlreadyPendingCallError(f"{name}() while a step is in flight: call step_wait() first")
         res = self._res
         assert res is not None
+        if self._restart:
+            self._recover_dead(name)
         targets = list(self._get_indices(indices))
         # Answers go back by position, not by env index: like DummyVecEnv, an index given twice
         # runs twice and gets both answers, and negative indices count from the end.

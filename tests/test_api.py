@@ -890,8 +890,8 @@ def test_unpicklable_info_raises_naming_the_env():
 
 
 _ORPHAN_SCRIPT = """
-import sys, time
-sys.path.insert(0, {tests!r})
+import os, sys, time
+sys.path[:0] = [{tests!r}, os.path.dirname({tests!r})]  # the shmvec under test, wherever it is installed
 import testenvs
 from shmvec import ShmVecEnv
 

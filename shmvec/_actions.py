@@ -1,0 +1,151 @@
+"""Checks of the actions' values, run in the parent before anything reaches a worker.
+
+The shape and dtype of the actions are checked where they are written
+(``ShmVecEnv._write_leaf``); this module checks the values that an env must not
+receive, per leaf of the action space:
+
+- ``Box`` of floats: no NaN (``inf`` and values outside the bounds pass: many
+  envs clip, and SAC-like policies may step past the bounds on purpose);
+- ``Discrete``: ``start <= a < start + n``;
+- ``MultiDiscrete``: ``start <= a < start + nvec``, element by element;
+- ``MultiBinary``: 0 or 1.
+
+What happens to invalid actions is the vec env's ``invalid_actions`` option:
+``"raise"`` (default: :class:`InvalidActionError`, a ``ValueError`` naming the
+env indices, and nothing is sent), ``"warn"`` (:class:`InvalidActionWarning`,
+then the actions are sent as they are) or ``"ignore"`` (no check at all).
+
+Each check is one or two numpy reductions over the batch (about 2 us for 64
+envs, see the README); the indices of the faulty envs are only computed once a
+check has failed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+from gymnasium import spaces
+
+from shmvec._errors import InvalidActionError, InvalidActionWarning
+
+INVALID_ACTIONS = ("raise", "warn", "ignore")
+
+Check = Callable[[np.ndarray], None]
+_UNSIGNED = {n: np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
+
+
+def subspace(space: spaces.Space, path: tuple) -> spaces.Space:
+    for key in path:
+        space = space[key]
+    return space
+
+
+def make_action_checks(action_space: spaces.Space, paths: list[tuple], policy: str) -> dict[tuple, Check]:
+    """One check per leaf path that needs one; empty with ``policy="ignore"``.
+
+    A check takes the batch of one leaf, shaped ``(n_envs, *leaf_shape)``, and
+    raises :class:`InvalidActionError` (or warns) naming the envs whose action is invalid.
+    """
+    if policy not in INVALID_ACTIONS:
+        raise ValueError(f"invalid_actions must be one of {INVALID_ACTIONS}, got {policy!r}")
+    if policy == "ignore":
+        return {}
+    checks: dict[tuple, Check] = {}
+    for path in paths:
+        check = _leaf_check(subspace(action_space, path), path, policy)
+        if check is not None:
+            checks[path] = check
+    return checks
+
+
+def exact_integers(arr: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    """``arr`` (floats) as ``dtype`` (integers) if every value is a whole number that fits, else None.
+
+    SB3's PPO sends MultiBinary actions as float32 0.0/1.0 (Bernoulli samples); they cast exactly.
+    Only called when the dtypes differ, never on the usual path.
+    """
+    if arr.dtype.kind != "f" or dtype.kind not in "iu":
+        return None
+    if arr.size:
+        info = np.iinfo(dtype)
+        with np.errstate(invalid="ignore"):
+            if not (np.isfinite(arr).all() and (arr == np.rint(arr)).all()
+                    and arr.min() >= info.min and arr.max() <= info.max):
+                return None
+    return arr.astype(dtype)
+
+
+def _report(policy: str, message: str, bad: list[int]) -> None:
+    if policy == "raise":
+        raise InvalidActionError(
+            message + " Nothing was sent to the envs. Pass invalid_actions='warn' (or 'ignore') to ShmVecEnv "
+            "to let such actions through.", bad)
+    warnings.warn(message + " They were sent to the envs as they are (invalid_actions='warn').",
+                  InvalidActionWarning, stacklevel=5)
+
+
+def _bad_envs(mask: np.ndarray) -> list[int]:
+    return np.flatnonzero(mask.reshape(mask.shape[0], -1).any(axis=1)).tolist()
+
+
+def _where(path: tuple) -> str:
+    return "".join(f"[{k!r}]" for k in path)
+
+
+def _leaf_check(space: spaces.Space, path: tuple, policy: str) -> Check | None:
+    where = _where(path)
+    if isinstance(space, spaces.Box):
+        if np.dtype(space.dtype).kind != "f":
+            return None
+
+        def check_nan(arr: np.ndarray) -> None:
+            if arr.dtype.kind not in "fc" or not np.isnan(arr).any():
+                return
+            bad = _bad_envs(np.isnan(arr))
+            _report(policy, f"actions{where} of envs {bad} contain NaN (action space {space}); a NaN action "
+                            "usually means that the policy diverged.", bad)
+
+        return check_nan
+
+    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
+        if isinstance(space, spaces.Discrete):
+            low: Any = int(space.start)
+            size: Any = int(space.n)
+            expected = f"integers in [{low}, {low + size})"
+        elif isinstance(space, spaces.MultiDiscrete):
+            low = np.asarray(space.start, dtype=np.int64)
+            size = np.asarray(space.nvec, dtype=np.int64)
+            low = int(low.flat[0]) if (low == low.flat[0]).all() else low
+            expected = f"integers in [start, start + nvec) = [{space.start.tolist()}, {(space.start + space.nvec).tolist()})"
+            if (size == size.flat[0]).all():
+                size = int(size.flat[0])
+        else:
+            low, size = 0, 2
+            expected = "0 or 1"
+        scalar = isinstance(low, int) and isinstance(size, int)
+
+        def check_range(arr: np.ndarray) -> None:
+            # One reduction: shifted to start at 0 and seen as unsigned, any value below the
+            # start becomes huge, so "max < size" covers both bounds.
+            if arr.dtype.kind == "b":
+                return
+            shifted = arr if isinstance(low, int) and low == 0 else arr - low
+            if shifted.dtype.kind == "i":
+                shifted = shifted.view(_UNSIGNED[shifted.dtype.itemsize])
+            if scalar:
+                if shifted.size == 0 or shifted.max() < size:
+                    return
+                mask = shifted >= size
+            else:
+                mask = shifted >= size
+                if not mask.any():
+                    return
+            bad = _bad_envs(mask)
+            values = np.asarray(arr).reshape(arr.shape[0], -1)[bad].tolist()
+            _report(policy, f"actions{where} of envs {bad} are out of range for {space}: got {values}, "
+                            f"expected {expected}.", bad)
+
+        return check_range
+    return None

@@ -1,0 +1,412 @@
+"""Recovery from failed workers: ``ShmVecEnv(..., on_failure="restart")``.
+
+With the default ``on_failure="raise"`` a failed worker (it died, or one of its
+envs raised) makes the vec env raise and then refuse every call but
+``close()``.  With ``on_failure="restart"`` the vec env replaces the worker
+instead and carries on:
+
+1. the other workers finish the command as usual (their envs are untouched);
+2. the failed worker is stopped: a live one (its env raised) is asked to close
+   its envs, then terminated if it does not exit within a few seconds; a dead
+   one is reaped;
+3. a new worker process builds the same slice of envs from the same factories
+   and maps the shared block from its file descriptor (the block's name was
+   unlinked once the first workers attached, so that nothing outlives a killed
+   parent; see :mod:`shmvec._segment`);
+4. its envs are reset (for a failed ``reset()``, with the same seeds and options);
+5. ``step_wait`` reports each of its envs as an episode ended by truncation:
+   ``done`` True, reward 0, ``info["TimeLimit.truncated"]`` True,
+   ``info["terminal_observation"]`` the last observation the caller received
+   for that env, ``info["shmvec_restarted"]`` a string saying what failed; the
+   returned observation is the reset observation.  After a failed ``reset()``,
+   the flag is in ``reset_infos[i]``.  Every restart emits a
+   :class:`~shmvec._errors.WorkerRestartWarning`.
+
+What counts as a failure: the worker process exits (a signal such as SIGSEGV or
+SIGKILL from the OOM killer, ``os._exit``), an env raises in ``step`` or
+``reset``, or (when ``timeout`` is set) the worker does not answer in time: it
+is then killed and restarted.  A failure while restarting (the factory raises,
+the new envs' ``reset`` raises, the new worker dies) is raised, and the vec env
+is broken: a worker that cannot even start is not worth retrying.  Starting and
+resetting a new worker may take ``max(timeout, 60)`` seconds (imports are slow).  After
+``max_restarts`` restarts the next failure raises
+:class:`~shmvec._errors.TooManyRestartsError` (``max_restarts=None``: no limit).
+
+Rare commands (``get_attr``, ``set_attr``, ``env_method``, ``render``, ...)
+first restart any worker found dead (a worker killed between two steps), then
+run on the new envs; the next ``step_wait`` reports those envs' episodes as
+truncated without stepping them (the action given for them is dropped: it was
+chosen for an observation of the old episode).  A worker that dies *during* a
+rare command, or an env that raises in ``env_method``, behaves as with
+``on_failure="raise"``: the call raises (a dead worker leaves the vec env
+broken; an exception in ``env_method`` does not).  A rare command's effect
+cannot be replayed safely on new envs, and its caller is there to see the error.
+A worker counts as found dead once its process sentinel is ready; one killed an
+instant before the command (its threads still exiting) counts as dying during it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import sys
+import time
+import warnings
+from multiprocessing import reduction
+from multiprocessing.connection import wait as mp_wait
+from typing import Any
+
+from shmvec import _protocol as P
+from shmvec._errors import (
+    SpaceError,
+    TooManyRestartsError,
+    WorkerRestartWarning,
+    WorkerTimeoutError,
+    describe_exitcode,
+    unpack_exception,
+)
+from shmvec._layout import make_scatter
+from shmvec._worker import worker_main
+
+ON_FAILURE = ("raise", "restart")
+RESTART_INFO_KEY = "shmvec_restarted"
+_ERROR = int(P.Status.ERROR)
+_BROKEN_HINT = "The vec env cannot go on: call close() and build a new one."
+# Bounds of stopping a failed worker that is still alive: polite, then SIGTERM, then SIGKILL.
+_STOP_JOIN_S = 5.0
+_TERMINATE_JOIN_S = 1.0
+_DIED_JOIN_S = 1.0
+# A worker killed between its DONE_SEQ store and its PENDING decrement leaves PENDING one
+# too high; once every live worker has answered, wait this long before going on without it.
+_SETTLE_S = 1.0
+# A new worker imports and builds its envs: the step timeout is too short a bound for that.
+_RESTART_TIMEOUT_FLOOR_S = 60.0
+
+
+class Recovery:
+    """Mixin of :class:`~shmvec.ShmVecEnv` holding ``on_failure="restart"`` (see the module docstring).
+
+    It uses the vec env's attributes (``_res``, ``_words``, ``_views``, ``_seq``,
+    ``slices``, ...) and adds its own; the vec env calls ``_init_recovery`` at
+    construction, ``_complete_restarting`` instead of its raising wait,
+    ``_recover_dead`` before a rare command, ``_post_skipping`` while restarted
+    envs await their truncation report, and ``_remember_obs`` on what it returns.
+    """
+
+    # Class-level defaults: safe on a half-built object.
+    on_failure = "raise"
+    max_restarts: int | None = None
+    restarts = 0
+    _restart = False
+    _fresh: dict[int, tuple[str, dict[int, dict]]] = {}
+    _reset_args: dict[int, bytes | None] = {}
+    _last_obs: Any = None
+
+    def _init_recovery(self, on_failure: str, max_restarts: int | None) -> None:
+        if on_failure not in ON_FAILURE:
+            raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {on_failure!r}")
+        if on_failure == "restart" and hasattr(self, "step_raw"):
+            # The Gymnasium-style engines (ShmVectorEnv, ShmEnvPool) run their own step and reset
+            # protocols: the truncation report here is SB3's.
+            raise ValueError("on_failure='restart' is supported by ShmVecEnv (the SB3 VecEnv) only")
+        if max_restarts is not None and max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0 or None, got {max_restarts}")
+        self.on_failure = on_failure
+        self._restart = on_failure == "restart"
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        # worker -> (reason, reset infos): restarted outside a step, truncation not yet reported
+        self._fresh = {}
+        self._reset_args = {}
+        self._last_obs = None
+
+    def _remember_obs(self, obs: Any) -> Any:
+        """Keeps what ``step_wait``/``reset`` return: the terminal observation of a restarted env."""
+        self._last_obs = obs if self.copy else self._obs_copy(slice(None))
+        return obs
+
+    # ---- synchronous commands ------------------------------------------------------------------
+    def _post_skipping(self, cmd: P.Cmd) -> None:
+        """As ``_post``, but only to the workers that are not awaiting their truncation report."""
+        words, seqs, fresh = self._words, self._seq, self._fresh
+        code = int(cmd)
+        words.store(P.PENDING, self.n_workers - len(fresh))
+        for w, (seq_word, cmd_word, sleepers_word) in enumerate(self._cmd_words):
+            if w in fresh:
+                continue
+            seqs[w] = seq = (seqs[w] + 1) & 0xFFFFFFFF
+            words.store(cmd_word, code)
+            words.store(seq_word, seq)
+            words.wake_sleepers(seq_word, sleepers_word)
+
+    def _complete_restarting(self, command: str) -> list[list]:
+        """``_complete_or_raise`` for ``on_failure="restart"``: failed workers are restarted, not raised."""
+        words, seqs = self._words, self._seq
+        fresh = self._fresh if command == "step" else {}
+        posted = [w for w in range(self.n_workers) if w not in fresh]
+        failed: dict[int, str] = {}
+        done = lambda w: words.load(P.word(w, P.DONE_SEQ)) == seqs[w]  # noqa: E731
+        waited = 0.0
+        settle_from: float | None = None
+        target = 0  # failed workers that never decremented PENDING
+        pending = words.load(P.PENDING)
+        while pending != target:
+            value = words.wait_while(P.PENDING, pending, P.POLL_S, self._parent_spin, P.PARENT_SLEEPERS)
+            if value is not None:
+                pending = value
+                continue
+            waited += P.POLL_S
+            for w in self._dead_workers():
+                if w in posted and w not in failed:
+                    failed[w] = self._death_reason(w)
+            if self.timeout is not None and waited >= self.timeout:
+                for w in posted:
+                    if w not in failed and not done(w):
+                        self._res.processes[w].kill()
+                        failed[w] = f"worker {w} did not answer within timeout={self.timeout:g} s and was killed"
+            target = sum(1 for w in failed if not done(w))
+            pending = words.load(P.PENDING)
+            if pending != target and failed and all(done(w) for w in posted if w not in failed):
+                settle_from = settle_from or time.monotonic()
+                if time.monotonic() - settle_from > _SETTLE_S:
+                    break
+        words.store(P.PENDING, 0)
+
+        results: list[list] = [[] for _ in range(self.n_workers)]
+        for w in posted:
+            if w in failed:
+                continue
+            if words.load(P.word(w, P.STATUS)) == _ERROR:
+                _, packed = self._recv_raw(w, command)
+                where = f"env {packed['env_index']}" if packed["env_index"] is not None else f"worker {w}"
+                failed[w] = f"{where} raised {packed['type_name']}: {packed['message']}"
+                continue
+            n = words.load(P.word(w, P.RESULT_LEN))
+            if n == P.RESULT_IN_PIPE:
+                results[w] = pickle.loads(self._recv_raw(w, command, raw_bytes=True))
+            elif n:
+                results[w] = pickle.loads(self._views.mailbox[w, :n])
+
+        reset_infos = self._restart_workers(failed, command) if failed else {}
+        if command == "step":
+            for w, reason in failed.items():
+                results[w] = self._truncated_items(w, reason, reset_infos)
+            for w, (reason, infos) in fresh.items():
+                results[w] = self._truncated_items(w, reason, infos)
+        else:
+            for w, reason in failed.items():
+                results[w] = [(i, dict(reset_infos.get(i, {}), **{RESTART_INFO_KEY: reason}))
+                              for i in self.slices[w]]
+        self._fresh = {}
+        return results
+
+    def _truncated_items(self, w: int, reason: str, reset_infos: dict[int, dict]) -> list:
+        """Writes worker w's step results as truncated episodes; its (i, info, reset_info) items."""
+        sl = self.slices[w]
+        views = self._views
+        views.rew[sl.start:sl.stop] = 0.0
+        views.terminated[sl.start:sl.stop] = False
+        views.truncated[sl.start:sl.stop] = True
+        write_term = make_scatter(self.observation_space, views.term_obs, "terminal observation")
+        items = []
+        for i in sl:
+            last = self._obs_copy(i) if self._last_obs is None else _env_obs(self._last_obs, i)
+            write_term(i, last)
+            items.append((i, {RESTART_INFO_KEY: reason}, reset_infos.get(i, {})))
+        return items
+
+    # ---- rare commands ---------------------------------------------------------------------------
+    def _recover_dead(self, command: str) -> None:
+        """Restarts the workers found dead before a rare command; their truncation is reported at the next step."""
+        dead = self._dead_workers()
+        if not dead:
+            return
+        failed = {w: self._death_reason(w) for w in dead}
+        infos = self._restart_workers(failed, command)
+        for w, reason in failed.items():
+            self._fresh[w] = (reason, {i: infos.get(i, {}) for i in self.slices[w]})
+
+    # ---- restarting --------------------------------------------------------------------------------
+    def _dead_workers(self) -> list[int]:
+        return sorted(self._sentinels[s] for s in mp_wait(list(self._sentinels), timeout=0))
+
+    def _death_reason(self, w: int) -> str:
+        proc = self._res.processes[w]
+        proc.join(_DIED_JOIN_S)  # the sentinel can be ready a moment before the exit code
+        return f"worker {w} died with {describe_exitcode(proc.exitcode)}"
+
+    def _restart_workers(self, failed: dict[int, str], command: str) -> dict[int, dict]:
+        """Replaces the failed workers, resets their envs; returns their reset infos by env index."""
+        first = self.restarts + 1
+        for w, reason in failed.items():
+            if self.max_restarts is not None and self.restarts >= self.max_restarts:
+                sl = self.slices[w]
+                self._broken = TooManyRestartsError(
+                    f"worker {w} (envs {sl.start}..{sl.stop - 1}) failed during {command} ({reason}) after "
+                    f"{self.restarts} restarts, the limit set by max_restarts={self.max_restarts}. The envs keep "
+                    f"failing: fix them, or raise max_restarts (None: no limit). {_BROKEN_HINT}"
+                )
+                raise self._broken
+            self.restarts += 1
+        step_timeout = self.timeout
+        if step_timeout is not None:
+            self.timeout = max(step_timeout, _RESTART_TIMEOUT_FLOOR_S)  # read by the pipe waits
+        try:
+            for w in failed:
+                self._stop_worker(w)
+            for w in failed:
+                self._spawn_worker(w)
+            self._sentinels = {p.sentinel: w for w, p in enumerate(self._res.processes)}
+            for w in failed:
+                self._handshake(w)
+            for w in failed:
+                self._recv(w, f"restart of worker {w}", _BROKEN_HINT)  # "ready"
+            infos = self._reset_restarted(list(failed), command)
+        except BaseException as exc:
+            if self._broken is None:
+                self._broken = exc
+            if isinstance(exc, Exception):
+                reasons = "; ".join(failed.values())
+                exc.add_note(f"shmvec: raised while restarting after a failure during {command} ({reasons}). "
+                             + _BROKEN_HINT)
+            raise
+        finally:
+            self.timeout = step_timeout
+        limit = "no limit" if self.max_restarts is None else f"max_restarts={self.max_restarts}"
+        report = {
+            "step": f"their episodes end as truncated, with info[{RESTART_INFO_KEY!r}] saying why",
+            "reset": f"reset_infos[i][{RESTART_INFO_KEY!r}] says why",
+        }.get(command, f"the next step reports their episodes as truncated, with info[{RESTART_INFO_KEY!r}]")
+        for count, (w, reason) in enumerate(failed.items(), start=first):
+            sl = self.slices[w]
+            warnings.warn(
+                f"shmvec: worker {w} (envs {sl.start}..{sl.stop - 1}) failed during {command} ({reason}) and was "
+                f"restarted (restart {count}, {limit}); its envs were rebuilt and reset, and {report}.",
+                WorkerRestartWarning, stacklevel=_user_stacklevel(),
+            )
+        return infos
+
+    def _stop_worker(self, w: int) -> None:
+        res = self._res
+        proc, conn = res.processes[w], res.conns[w]
+        if proc.is_alive():  # an env raised: let the worker close its envs, then insist
+            words = self._words
+            self._seq[w] = (self._seq[w] + 1) & 0xFFFFFFFF
+            words.store(P.word(w, P.CMD), P.Cmd.CLOSE)
+            words.store(P.word(w, P.CMD_SEQ), self._seq[w])
+            words.wake(P.word(w, P.CMD_SEQ))
+            proc.join(_STOP_JOIN_S)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(_TERMINATE_JOIN_S)
+            if proc.is_alive():
+                proc.kill()
+        proc.join()
+        try:
+            while conn.poll(0):
+                conn.recv_bytes()  # an error it had sent, or its "closed" message: nobody waits for them
+        except (EOFError, OSError):
+            pass
+        conn.close()
+        proc.close()
+        # A worker killed in its futex wait stays counted as a sleeper: the count starts afresh.
+        self._words.store(P.word(w, P.CMD_SLEEPERS), 0)
+
+    def _spawn_worker(self, w: int) -> None:
+        res = self._res
+        ctx = mp.get_context(self.start_method)
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        proc = ctx.Process(
+            target=worker_main,
+            args=(w, self.slices[w], self._payloads[w], child_conn, os.getpid(), self._worker_threads,
+                  self._worker_spin),
+            kwargs={"affinity": self._cpu_sets[w]},  # the same cores as the worker it replaces
+            daemon=True,
+            name=f"shmvec-worker-{w}",
+        )
+        res.conns[w], res.processes[w] = parent_conn, proc  # release() covers them from here on
+        try:
+            proc.start()
+        finally:
+            child_conn.close()
+
+    def _handshake(self, w: int) -> None:
+        res = self._res
+        what = f"restart of worker {w}"
+        obs_space, act_space, _, _ = self._recv(w, what, _BROKEN_HINT)
+        for name, mine, ours in (("observation_space", obs_space, self.observation_space),
+                                 ("action_space", act_space, self.action_space)):
+            if mine != ours:
+                raise SpaceError(f"env {self.slices[w].start} was rebuilt with {name} {mine}, the vec env has "
+                                 f"{ours}: its factory must build envs with the same spaces every time.")
+        layout = self._layout
+        conn = res.conns[w]
+        conn.send(("attach_fd", (layout.n_envs, self.n_workers, layout.mailbox_bytes)))
+        reduction.send_handle(conn, res.shm._fd, res.processes[w].pid)
+
+    def _reset_restarted(self, workers: list[int], command: str) -> dict[int, dict]:
+        """RESET to the given workers only (with the last reset's arguments for a failed reset)."""
+        words, views = self._words, self._views
+        what = f"reset after restarting workers {workers}"
+        words.store(P.PENDING, len(workers))
+        for w in workers:
+            arg = self._reset_args.get(w) if command == "reset" else None
+            if arg:
+                views.mailbox[w, :len(arg)] = memoryview(arg)
+            words.store(P.word(w, P.ARG_LEN), len(arg) if arg else 0)
+            self._seq[w] = (self._seq[w] + 1) & 0xFFFFFFFF
+            words.store(P.word(w, P.CMD), P.Cmd.RESET)
+            words.store(P.word(w, P.CMD_SEQ), self._seq[w])
+            words.wake(P.word(w, P.CMD_SEQ))
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        pending = words.load(P.PENDING)
+        while pending != 0:
+            value = words.wait_while(P.PENDING, pending, P.POLL_S, 0.0, P.PARENT_SLEEPERS)
+            if value is not None:
+                pending = value
+                continue
+            self._check_workers_alive(what)
+            if deadline is not None and time.monotonic() > deadline:
+                raise WorkerTimeoutError(f"{what}: no answer within {self.timeout:g} s. {_BROKEN_HINT}")
+            pending = words.load(P.PENDING)
+        infos: dict[int, dict] = {}
+        error: BaseException | None = None
+        for w in workers:
+            if words.load(P.word(w, P.STATUS)) == _ERROR:
+                _, packed = self._recv_raw(w, what)
+                error = error or unpack_exception(packed, _BROKEN_HINT)
+                continue
+            n = words.load(P.word(w, P.RESULT_LEN))
+            if n == P.RESULT_IN_PIPE:
+                items = pickle.loads(self._recv_raw(w, what, raw_bytes=True))
+            else:
+                items = pickle.loads(views.mailbox[w, :n]) if n else []
+            infos.update(items)
+        if error is not None:
+            raise error
+        return infos
+
+
+def _env_obs(batch: Any, i: int) -> Any:
+    """Env i's observation in a batch (Dict and Tuple spaces nest)."""
+    if isinstance(batch, dict):
+        return {key: _env_obs(value, i) for key, value in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(_env_obs(value, i) for value in batch)
+    return batch[i]
+
+
+def _user_stacklevel() -> int:
+    """The stack level of the first frame outside shmvec and SB3's vec env base (for warnings)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not (path.startswith(here) or os.sep + os.path.join("common", "vec_env") + os.sep in path):
+            return level
+        frame = frame.f_back
+        level += 1
+    return 1
+
