@@ -114,6 +114,7 @@ class RemoteBackend:
              "--n-envs", str(spec.n_envs), "--workers", str(spec.workers), "--start-method", spec.start_method,
              "--mode", mode],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True,
+            cwd=self._pathdir.name,  # PufferLib's import links a `resources` folder into the working directory
         )
         try:
             self.ready = self._read()
