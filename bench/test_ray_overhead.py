@@ -20,7 +20,10 @@ per-round ratios): on a shared machine, only those ratios mean something.
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -28,12 +31,46 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
-
-from shmvec.bench import Stepper, machine, make_backend, measure_side_by_side  # noqa: E402
+from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
 
 N_ENVS = 64
 STEPS = 100
 CONFIGS = ("local", "ray-1x64", "ray-2x32")
+
+
+class Stepper:
+    """Steps one vec env with random actions drawn beforehand."""
+
+    def __init__(self, venv, warmup: int = 20) -> None:
+        self.venv = venv
+        venv.action_space.seed(0)
+        self.actions = [np.array([venv.action_space.sample() for _ in range(venv.num_envs)]) for _ in range(64)]
+        self.k = 0
+        venv.reset()
+        self.steps(warmup)
+
+    def steps(self, n: int) -> None:
+        for _ in range(n):
+            self.venv.step(self.actions[self.k % 64])
+            self.k += 1
+
+    def chunk(self, seconds: float) -> float:
+        """Env steps/s over about ``seconds``."""
+        steps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            self.steps(8)
+            steps += 8
+        return steps * self.venv.num_envs / (time.perf_counter() - t0)
+
+
+def measure_side_by_side(venvs: dict, seconds: float, rounds: int) -> dict[str, list[float]]:
+    """Steps/s of each vec env in alternating short chunks (a slow spell hits all alike)."""
+    steppers = {name: Stepper(v) for name, v in venvs.items()}
+    out: dict[str, list[float]] = {name: [] for name in venvs}
+    for _ in range(rounds):
+        for name, st in steppers.items():
+            out[name].append(st.chunk(seconds / rounds / len(venvs)))
+    return out
 
 
 def start_cluster() -> Cluster:
@@ -54,16 +91,17 @@ def stop_cluster(cluster: Cluster) -> None:
 def make_config(config: str):
     from shmvec.ray import RayShmVecEnv
 
+    from shmvec import ShmVecEnv
+
     if config == "local":
-        return make_backend("ShmVecEnv", "CartPole-v1", N_ENVS, start_method="forkserver", n_workers=2)
+        return make_vec_env("CartPole-v1", n_envs=N_ENVS, seed=0, vec_env_cls=ShmVecEnv,
+                            vec_env_kwargs={"start_method": "forkserver", "n_workers": 2})
     if config == "ray-1x64":
         kwargs = {"n_actors": 1, "num_cpus_per_actor": 2}
     elif config == "ray-2x32":
         kwargs = {"num_cpus_per_actor": 1}  # one actor per node
     else:
         raise ValueError(config)
-    from stable_baselines3.common.env_util import make_vec_env
-
     return make_vec_env("CartPole-v1", n_envs=N_ENVS, seed=0, vec_env_cls=RayShmVecEnv, vec_env_kwargs=kwargs)
 
 
@@ -92,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per configuration (default 5)")
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args(argv)
-    m = machine()
-    print(f"{m['cores']} cores, {m['cpu']}, Python {m['python']}, ray {ray.__version__}; CartPole-v1 x {N_ENVS}")
+    print(f"{len(os.sched_getaffinity(0))} cores, {platform.machine()}, Python {platform.python_version()}, "
+          f"ray {ray.__version__}; CartPole-v1 x {N_ENVS}")
     cluster = start_cluster()
     venvs = {}
     try:

@@ -94,7 +94,7 @@ class Layout:
     """Offsets of every buffer; :meth:`views` turns a buffer into numpy arrays."""
 
     def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, n_envs: int,
-                 n_workers: int, mailbox_bytes: int = P.MAILBOX_BYTES) -> None:
+                 n_workers: int, mailbox_bytes: int = P.MAILBOX_BYTES, mask_size: int = 0) -> None:
         self.observation_space = observation_space
         self.action_space = action_space
         self.n_envs = n_envs
@@ -122,6 +122,9 @@ class Layout:
         add("terminated", None, (n_envs,), np.dtype(np.bool_))
         add("truncated", None, (n_envs,), np.dtype(np.bool_))
         add("mailbox", None, (n_workers, mailbox_bytes), np.dtype(np.uint8))
+        self.mask_size = mask_size
+        if mask_size:  # action masks (shmvec._masks), only when they are on
+            add("mask", None, (n_envs, mask_size), np.dtype(np.bool_))
         self.ctrl_offset = self._entries[0][2]
         self.ctrl_words = (n_workers + 1) * P.ROW_WORDS
         self.nbytes = max(offset, ALIGN)
@@ -145,6 +148,7 @@ class Views:
         self.terminated = arrays[("terminated", None)]
         self.truncated = arrays[("truncated", None)]
         self.mailbox = arrays[("mailbox", None)]
+        self.mask: np.ndarray | None = arrays.get(("mask", None))
 
 
 # ---------------------------------------------------------------------------------------------

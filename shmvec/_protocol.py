@@ -15,6 +15,8 @@ computed identically on both sides by :class:`shmvec._layout.Layout`)::
     truncated       bool (n_envs,)
     mailboxes       n_workers x mailbox_bytes: pickled seeds/options (and a
                     reset mask) going in, non-empty infos coming out
+    action masks    bool (n_envs, mask_size), only with action masks on
+                    (shmvec._masks; mask_size travels in the attach message)
 
 Worker w owns the envs ``[start_w, stop_w)``: a contiguous slice.
 
@@ -53,6 +55,20 @@ syscall when the count is 0 -- either it sees the sleeper, or the sleeper's
 FUTEX_WAIT sees the new value (csrc/shmvec_sync.h).  Waiters spin first
 (yielding their core between bursts): the parent only when a core is free for
 it, a worker only while the parent has lately answered within its budget.
+
+Action masks (sb3-contrib's MaskablePPO)
+----------------------------------------
+Each worker learns whether its envs have action_masks() when it reports its
+spaces; the parent decides (the ``action_masks`` option) and sends mask_size
+with "attach".  In step 5 of STEP and RESET the worker also calls
+action_masks() of each env of its slice (after the automatic reset that ends
+an episode) and writes row i of the mask buffer; the same release/acquire
+pair hands the rows to the parent.  After a set_attr or env_method pipe
+command (once a RESET has run) the worker rewrites the rows of the envs it
+touched before it answers; the pipe's reply (a system call on each side)
+orders those writes before the parent's read.  The parent answers
+env_method("action_masks") (no arguments) and action_masks() from the
+buffer, between commands only, sending nothing.
 
 Autoreset modes (fixed per vec env, given to each worker at start)
 -----------------------------------------------------------------

@@ -334,7 +334,7 @@ class Recovery:
     def _handshake(self, w: int) -> None:
         res = self._res
         what = f"restart of worker {w}"
-        obs_space, act_space, _, _ = self._recv(w, what, _BROKEN_HINT)
+        obs_space, act_space, *_ = self._recv(w, what, _BROKEN_HINT)
         for name, mine, ours in (("observation_space", obs_space, self.observation_space),
                                  ("action_space", act_space, self.action_space)):
             if mine != ours:
@@ -342,7 +342,7 @@ class Recovery:
                                  f"{ours}: its factory must build envs with the same spaces every time.")
         layout = self._layout
         conn = res.conns[w]
-        conn.send(("attach_fd", (layout.n_envs, self.n_workers, layout.mailbox_bytes)))
+        conn.send(("attach_fd", (layout.n_envs, self.n_workers, layout.mailbox_bytes, layout.mask_size)))
         reduction.send_handle(conn, res.shm._fd, res.processes[w].pid)
 
     def _reset_restarted(self, workers: list[int], command: str) -> dict[int, dict]:

@@ -25,6 +25,7 @@ from shmvec import _protocol as P
 from shmvec._core import Words
 from shmvec._errors import ShmVecEnvError, SpaceError, pack_exception
 from shmvec._layout import Layout, close_mapping, make_gather, make_scatter
+from shmvec._masks import has_action_masks, write_mask
 from shmvec._segment import FdSegment
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
@@ -137,15 +138,18 @@ class _Worker:
                           P.AUTORESET_DISABLED: self._step_next_reset}[autoreset]
         self.finished = [False] * (self.stop - self.start)  # NEXT_STEP: envs to reset on the next step
         self.pool: Any = None  # the asynchronous pool's server (shmvec._pool), once attached
+        self.masks: Any = None  # action masks (shmvec._masks), once attached with them on
+        self.masks_ready = False  # True once a reset has written them
 
     # ---- set-up --------------------------------------------------------------------------------
-    def attach(self, shm_name: str | None, n_envs: int, n_workers: int, mailbox_bytes: int,
+    def attach(self, shm_name: str | None, n_envs: int, n_workers: int, mailbox_bytes: int, mask_size: int = 0,
                fd: int | None = None) -> None:
         """Maps the block by name, or (a restarted worker: the name is gone) from the descriptor ``fd``."""
         env = self.envs[0]
         self.shm = SharedMemory(name=shm_name) if fd is None else FdSegment(fd)
-        layout = Layout(env.observation_space, env.action_space, n_envs, n_workers, mailbox_bytes)
+        layout = Layout(env.observation_space, env.action_space, n_envs, n_workers, mailbox_bytes, mask_size)
         views = layout.views(self.shm.buf)
+        self.masks = views.mask  # None unless action masks are on
         self.words = Words(self.shm.buf, layout.ctrl_offset, layout.ctrl_words)
         self.mailbox_bytes = mailbox_bytes
         self.mailbox = memoryview(views.mailbox[self.index])
@@ -171,6 +175,7 @@ class _Worker:
             self.pool = None
         self.read_actions = self.write_obs = self.write_term = None  # type: ignore[assignment]
         self.rew = self.terminated = self.truncated = None  # type: ignore[assignment]
+        self.masks = None
         if getattr(self, "mailbox", None) is not None:
             self.mailbox.release()
             self.mailbox = None  # type: ignore[assignment]
@@ -280,7 +285,16 @@ class _Worker:
         self.rew[start:self.stop] = rews
         self.terminated[start:self.stop] = terms
         self.truncated[start:self.stop] = truncs
+        if self.masks is not None:
+            self._write_masks(range(start, self.stop))
         return items
+
+    def _write_masks(self, indices: Any) -> None:
+        """Each env's action_masks() into the mask buffer (after its step/reset, see shmvec._masks)."""
+        for i in indices:
+            self.current = i
+            write_mask(self.masks, i, self.envs[i - self.start])
+        self.current = None
 
     def _step_next_reset(self) -> list:
         """NEXT_STEP autoreset: an env that finished on the previous step is reset, not stepped
@@ -312,6 +326,8 @@ class _Worker:
         self.rew[start:self.stop] = rews
         self.terminated[start:self.stop] = terms
         self.truncated[start:self.stop] = truncs
+        if self.masks is not None:
+            self._write_masks(range(start, self.stop))
         return items
 
     def _reset(self) -> list:
@@ -334,6 +350,9 @@ class _Worker:
             if reset_info:
                 items.append((i, reset_info))
         self.current = None
+        if self.masks is not None:
+            self._write_masks(range(self.start, self.stop))
+            self.masks_ready = True
         return items
 
     def _pipe_command(self) -> None:
@@ -381,6 +400,8 @@ class _Worker:
                 out.append(None)
             else:
                 raise ShmVecEnvError(f"unknown command {name!r}")
+        if self.masks is not None and self.masks_ready and name in ("set_attr", "env_method"):
+            self._write_masks(indices)  # the call may have changed what the envs allow
         return out
 
     def close_envs(self) -> BaseException | None:
@@ -434,7 +455,8 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
         worker = _Worker(index, env_range, envs, conn, parent, spin, autoreset)
         first = envs[0]
         conn.send(("spaces", (first.observation_space, first.action_space,
-                              getattr(first, "render_mode", None), dict(first.metadata))))
+                              getattr(first, "render_mode", None), dict(first.metadata),
+                              all(has_action_masks(env) for env in envs))))
         msg = _recv(conn, parent)
         if msg[0] == "attach_fd":  # a restart: the block's name is unlinked, its descriptor follows
             while not conn.poll(P.PARENT_POLL_S):

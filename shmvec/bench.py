@@ -1,13 +1,14 @@
-"""``python -m shmvec.bench``: steps/s of shmvec against SB3's DummyVecEnv and SubprocVecEnv.
+"""``python -m shmvec.bench`` (or ``shmvec-bench``): shmvec side by side with the vec envs you use today.
 
-Every backend steps the same env through ``make_vec_env`` with random actions
-drawn beforehand, side by side in one run, and the table reports ratios to
-``DummyVecEnv`` (ratios hold across machines; absolute numbers do not).  The
-limit is ``cores x`` the steps/s of one env stepped in a bare Python loop,
-measured in the same run.
+Every backend steps the same envs (built by one factory) with random actions drawn beforehand,
+in one run, in alternating short rounds so that a slow spell of a shared machine hits all of them
+alike; the table reports each backend's steps/s, its ratio to ``DummyVecEnv`` (median of the
+per-round ratios) and its share of the limit: the cores used x the steps/s of one env stepped in
+a bare loop, measured in the same run.  Ratios hold across machines; absolute numbers do not.
 
-The pytest-benchmark files in ``bench/`` use the same env and backend
-definitions.
+Also measured: start-up (construct + first reset) and memory (PSS of all processes) in a fresh
+interpreter per backend, and the round-trip latency of one step with one env of zero cost.
+A backend that is not installed is skipped with a note.
 """
 
 from __future__ import annotations
@@ -16,150 +17,444 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+import warnings
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
-# ---------------------------------------------------------------------------------------------
-# Envs
-# ---------------------------------------------------------------------------------------------
+from shmvec._bench import backends as B
+from shmvec._bench.envs import check_env_name, env_names
+from shmvec._bench.measures import (
+    ACTION_BATCHES,
+    Stepper,
+    bare_loop_sps,
+    cores,
+    median_ratio,
+    side_by_side,
+    summarize_latency,
+)
+from shmvec._bench.remote import RemoteBackend, RemoteError, footprint
 
+RESULTS_VERSION = 1
+REFERENCE = "DummyVecEnv"
+OURS = "ShmVecEnv"
 
-class InfoEveryStep(gym.Wrapper):
-    """CartPole with MuJoCo-style reward terms in ``info`` on every step (a non-empty info each step)."""
-
-    def step(self, action: Any) -> tuple:
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        info = dict(info)
-        info.update(
-            reward_run=float(obs[1]),
-            reward_ctrl=-0.1 * float(action),
-            x_position=float(obs[0]),
-            x_velocity=float(obs[1]),
-            reward_survive=1.0,
-        )
-        return obs, reward, terminated, truncated, info
-
-
-def make_info_env() -> gym.Env:
-    return InfoEveryStep(gym.make("CartPole-v1"))
-
-
-ENVS: dict[str, Callable[[], gym.Env] | str] = {
-    "CartPole-v1": "CartPole-v1",
-    "CartPole-info": make_info_env,
+#: ``--preset``: named sets of defaults; options given on the command line win.
+PRESETS: dict[str, dict[str, Any]] = {
+    # About a minute on 2 cores: the README's main command.
+    "quick": {"envs": ["CartPole-v1"], "n_envs": [8, 64], "seconds": 2.0, "footprint_at": None},
+    # Every env of the issue at 1..64 envs (about 8 minutes on 2 cores): the README's figures.
+    "full": {
+        "envs": ["CartPole-v1", "busy-200us", "image-84x84x4", "image-210x160x3", "CartPole-info", "dict-obs"],
+        "n_envs": [1, 4, 16, 64], "seconds": 2.0,
+        "footprint_at": ["CartPole-v1:64", "image-84x84x4:64"],
+    },
+    # The three comparisons issue 6 sets goals for, 5 s each (about 2 minutes on 2 cores).
+    "targets": {
+        "envs": ["CartPole-v1", "image-84x84x4", "busy-200us"], "n_envs": [64], "seconds": 5.0,
+        "points": ["CartPole-v1:64", "image-84x84x4:64", "busy-200us:16"], "footprint_at": None,
+    },
 }
 
-# ---------------------------------------------------------------------------------------------
-# Backends
-# ---------------------------------------------------------------------------------------------
 
-BACKENDS = ("DummyVecEnv", "SubprocVecEnv", "ShmVecEnv")
-
-
-def make_backend(backend: str, env: str, n_envs: int, start_method: str = "fork", **kwargs: Any) -> Any:
-    """Builds ``n_envs`` copies of ``env`` through SB3's ``make_vec_env`` on ``backend``."""
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
-
-    from shmvec import ShmVecEnv
-
-    cls: Any
-    vec_kwargs: dict[str, Any] = {}
-    if backend == "DummyVecEnv":
-        cls = DummyVecEnv
-    elif backend == "SubprocVecEnv":
-        cls, vec_kwargs = SubprocVecEnv, {"start_method": start_method}
-    elif backend == "ShmVecEnv":
-        cls, vec_kwargs = ShmVecEnv, {"start_method": start_method, **kwargs}
-    else:
-        raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
-    return make_vec_env(ENVS[env], n_envs=n_envs, seed=0, vec_env_cls=cls, vec_env_kwargs=vec_kwargs)
-
-
-def bare_loop_sps(env: str, seconds: float) -> float:
-    """Steps/s of one env (with the Monitor wrapper make_vec_env adds) stepped in a plain loop."""
-    from stable_baselines3.common.monitor import Monitor
-
-    spec = ENVS[env]
-    e = Monitor(gym.make(spec) if isinstance(spec, str) else spec())
-    e.reset(seed=0)
-    actions = [e.action_space.sample() for _ in range(4096)]
-    n, t0 = 0, time.perf_counter()
-    while True:
-        for a in actions[:512]:
-            _, _, term, trunc, _ = e.step(a)
-            if term or trunc:
-                e.reset()
-        n += 512
-        dt = time.perf_counter() - t0
-        if dt >= seconds:
-            e.close()
-            return n / dt
-
-
-class Stepper:
-    """Steps one vec env with random actions drawn beforehand, in timed chunks."""
-
-    def __init__(self, venv: Any, warmup: int = 20) -> None:
-        self.venv = venv
-        venv.action_space.seed(0)
-        self.actions = [np.array([venv.action_space.sample() for _ in range(venv.num_envs)]) for _ in range(64)]
-        self.k = 0
-        venv.reset()
-        self.steps(warmup)
-
-    def steps(self, n: int) -> None:
-        step, actions = self.venv.step, self.actions
-        for _ in range(n):
-            step(actions[self.k % 64])
-            self.k += 1
-
-    def chunk(self, seconds: float) -> float:
-        """Env steps/s over about ``seconds``."""
-        steps, t0 = 0, time.perf_counter()
-        while True:
-            self.steps(8)
-            steps += 8
-            dt = time.perf_counter() - t0
-            if dt >= seconds:
-                return steps * self.venv.num_envs / dt
-
-
-def measure(venv: Any, seconds: float) -> float:
-    """Env steps/s of ``venv.step`` with random actions drawn beforehand."""
-    return Stepper(venv).chunk(seconds)
-
-
-def measure_side_by_side(venvs: dict[str, Any], seconds: float, rounds: int = 10) -> dict[str, list[float]]:
-    """Steps/s of each vec env, measured in alternating short chunks so that a slow spell of a
-    shared machine hits every backend alike; returns each backend's per-round figures."""
-    steppers = {name: Stepper(v) for name, v in venvs.items()}
-    out: dict[str, list[float]] = {name: [] for name in venvs}
-    for _ in range(rounds):
-        for name, st in steppers.items():
-            out[name].append(st.chunk(seconds / rounds))
-    return out
-
-
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        return os.cpu_count() or 1
+@dataclass
+class Config:
+    envs: list[str] = field(default_factory=lambda: ["CartPole-v1"])
+    n_envs: list[int] = field(default_factory=lambda: [8, 64])
+    backends: list[str] = field(default_factory=B.backend_names)
+    workers: int = field(default_factory=cores)
+    seconds: float = 2.0
+    rounds: int = 10
+    start_method: str = "fork"
+    puffer_python: str | None = None
+    points: list[str] | None = None  # ["ENV:N", ...] instead of every env at every n_envs
+    footprint_at: list[str] | None = None  # ["ENV:N", ...]; None: the first env at the largest n_envs
+    footprint: bool = True
+    latency: bool = True
+    latency_steps: int = 200
 
 
 def machine() -> dict[str, Any]:
-    return {
-        "cores": cores(),
-        "cpu": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    versions = {}
+    for mod in ("numpy", "gymnasium", "stable_baselines3", "envpool"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - a missing or broken optional package is just not listed
+            pass
+    return {"cores": cores(), "cpu": cpu, "python": platform.python_version(), "platform": platform.platform(),
+            "versions": versions}
+
+
+class Progress:
+    """A progress line on stderr: ``[k/n] pct elapsed what``; redrawn in place on a terminal."""
+
+    def __init__(self, total: int, enabled: bool = True, stream: Any = None) -> None:
+        self.total, self.done, self.enabled = max(total, 1), 0, enabled
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.t0 = time.monotonic()
+
+    def show(self, what: str) -> None:
+        if not self.enabled or not (what or self.tty):
+            return
+        pct = 100 * self.done / self.total
+        line = f"[{self.done:>3}/{self.total}] {pct:3.0f}% {time.monotonic() - self.t0:5.0f}s  {what}"
+        if self.tty:
+            self.stream.write("\r\033[K" + line[:120])
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def advance(self, what: str = "") -> None:
+        self.done += 1
+        self.show(what)
+
+    def finish(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def check_puffer_python(python: str | None) -> str | None:
+    """Why PufferLib cannot run (no interpreter given, or pufferlib not importable in it), or None."""
+    if not python:
+        return "needs its own interpreter (numpy<2, gymnasium<=0.29): pass --puffer-python /path/to/venv/bin/python"
+    try:
+        out = subprocess.run([python, "-c", "import pufferlib.vector, psutil"], capture_output=True, text=True,
+                             timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"--puffer-python {python} does not run: {e}"
+    if out.returncode:
+        last = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return f"--puffer-python {python} cannot import pufferlib.vector and psutil: {last}"
+    return None
+
+
+def available_backends(config: Config) -> tuple[list[str], list[dict[str, str]]]:
+    """The requested backends that can run here, and a note for each that cannot."""
+    ok, skipped = [], []
+    for name in config.backends:
+        backend = B.get(name)
+        reason = check_puffer_python(config.puffer_python) if backend.remote else backend.missing()
+        if reason:
+            skipped.append({"backend": name, "reason": reason})
+        else:
+            ok.append(name)
+    return ok, skipped
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+
+
+class _Local:
+    """An in-process backend with the stepper interface."""
+
+    def __init__(self, name: str, spec: B.BuildSpec) -> None:
+        self.handle = B.build(name, spec)
+        try:
+            self.handle.reset()
+            self.stepper = Stepper(self.handle.step, self.handle.sample_actions(ACTION_BATCHES),
+                                   self.handle.envs_per_step or spec.n_envs)
+        except BaseException:
+            self.handle.close()
+            raise
+        self.workers = self.handle.workers
+
+    def chunk(self, seconds: float) -> float:
+        return self.stepper.chunk(seconds)
+
+    def latency_us(self, n: int) -> list[float]:
+        return self.stepper.latency_us(n)
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def _open(name: str, spec: B.BuildSpec, config: Config) -> Any:
+    if B.get(name).remote:
+        assert config.puffer_python
+        return RemoteBackend(config.puffer_python, name, spec)
+    return _Local(name, spec)
+
+
+def _open_all(names: list[str], spec: B.BuildSpec, config: Config,
+              skipped: list[dict[str, Any]]) -> dict[str, Any]:
+    opened: dict[str, Any] = {}
+    for name in names:
+        try:
+            opened[name] = _open(name, spec, config)
+        except Exception as e:  # noqa: BLE001 - a backend that fails to build is reported, the run goes on
+            skipped.append({"backend": name, "env": spec.env, "n_envs": spec.n_envs,
+                            "reason": f"failed to build or step: {_describe(e)}"})
+    return opened
+
+
+def parse_points(items: list[str]) -> list[tuple[str, int]]:
+    """``["ENV:N", ...]`` as (env, n_envs) pairs; raises ValueError on a bad one."""
+    out = []
+    for item in items:
+        env, _, n = item.rpartition(":")
+        if not env or not n.isdigit() or int(n) < 1:
+            raise ValueError(f"{item!r} is not ENV:N (for example CartPole-v1:64)")
+        out.append((check_env_name(env), int(n)))
+    return out
+
+
+def _points(config: Config) -> list[tuple[str, int]]:
+    if config.points:
+        return parse_points(config.points)
+    return [(env, n) for env in config.envs for n in config.n_envs]
+
+
+def _footprint_points(config: Config) -> list[tuple[str, int]]:
+    if config.footprint_at is None:
+        first = _points(config)[0][0]
+        return [(first, max(n for env, n in _points(config) if env == first))]
+    return parse_points(config.footprint_at)
+
+
+def run(config: Config, progress: Progress | None = None) -> dict[str, Any]:
+    """Runs the whole benchmark; returns the results (the structure ``--json`` writes)."""
+    for env in config.envs:
+        check_env_name(env)
+    names, skipped = available_backends(config)
+    points = _points(config)
+    envs = list(dict.fromkeys(env for env, _ in points))
+    foot = _footprint_points(config) if config.footprint else []
+    total = len(envs) + len(points) * config.rounds + len(foot) * len(names) + (len(names) if config.latency else 0)
+    progress = progress or Progress(total, enabled=False)
+    progress.total = max(total, 1)
+    results: dict[str, Any] = {
+        "version": RESULTS_VERSION, "machine": machine(), "config": asdict(config),
+        "limit_cores": min(config.workers, cores()),
+        "bare": {}, "limit": {}, "points": [], "shmvec_vs": {}, "footprint": [], "latency": [], "skipped": skipped,
     }
+    for env in envs:
+        progress.show(f"{env}: one env in a bare loop")
+        results["bare"][env] = bare_loop_sps(env, config.seconds)
+        results["limit"][env] = results["limit_cores"] * results["bare"][env]
+        progress.advance()
+        runnable = []
+        for name in names:
+            if B.get(name).supports(env):
+                runnable.append(name)
+            else:
+                skipped.append({"backend": name, "env": env,
+                                "reason": f"runs only its own envs ({', '.join(B.get(name).envs or ())})"})
+        for n_envs in (n for e, n in points if e == env):
+            _measure_point(env, n_envs, runnable, config, results, progress)
+    for env, n_envs in foot:
+        for name in names:
+            progress.show(f"start-up and memory: {name}, {env} x {n_envs}")
+            if B.get(name).supports(env):
+                _footprint(name, env, n_envs, config, results)
+            progress.advance()
+    if config.latency:
+        _latency(config, names, results, progress)
+    progress.finish()
+    return results
+
+
+def _measure_point(env: str, n_envs: int, runnable: list[str], config: Config, results: dict[str, Any],
+                   progress: Progress) -> None:
+    """Steps/s of every backend at one point, side by side; ratios are medians of per-round ratios."""
+    skipped = results["skipped"]
+    spec = B.BuildSpec(env, n_envs, config.workers, config.start_method)
+    progress.show(f"{env} x {n_envs}: building {len(runnable)} backends")
+    opened = _open_all(runnable, spec, config, skipped)
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        progress.advance(f"{env} x {n_envs}: measuring, round {done}/{config.rounds}")
+
+    def failed(name: str, e: Exception) -> None:
+        skipped.append({"backend": name, "env": env, "n_envs": n_envs, "reason": f"failed while stepping: {_describe(e)}"})
+
+    try:
+        per_round = side_by_side(opened, config.seconds, config.rounds, tick, on_error=failed)
+    finally:
+        workers = {name: o.workers for name, o in opened.items()}
+        for o in opened.values():
+            o.close()
+    progress.done += config.rounds - done
+    ref = per_round.get(REFERENCE)
+    for name, figures in per_round.items():
+        sps = float(np.median(figures))
+        results["points"].append({
+            "env": env, "backend": name, "n_envs": n_envs, "workers": workers[name], "steps_per_s": sps,
+            "rounds": figures, "ratio_to_dummy": median_ratio(figures, ref) if ref else None,
+            "share_of_limit": sps / results["limit"][env],
+        })
+    if OURS in per_round:
+        results["shmvec_vs"].setdefault(env, {})[str(n_envs)] = {
+            name: median_ratio(per_round[OURS], figures) for name, figures in per_round.items() if name != OURS
+        }
+
+
+def _footprint(name: str, env: str, n_envs: int, config: Config, results: dict[str, Any]) -> None:
+    python = config.puffer_python if B.get(name).remote else sys.executable
+    assert python
+    try:
+        fp = footprint(python, name, B.BuildSpec(env, n_envs, config.workers, config.start_method))
+    except (RemoteError, OSError) as e:
+        results["skipped"].append({"backend": name, "env": env, "n_envs": n_envs,
+                                   "reason": f"start-up/memory helper failed: {_describe(e)}"})
+        return
+    fp.pop("pid", None)
+    results["footprint"].append({"backend": name, "env": env, "n_envs": n_envs, **fp})
+
+
+def _latency(config: Config, names: list[str], results: dict[str, Any], progress: Progress) -> None:
+    """Round-trip time of one vec step with one env of zero cost, backends in alternating rounds."""
+    spec = B.BuildSpec("zero-cost", 1, 1, config.start_method)
+    runnable = [n for n in names if B.get(n).supports("zero-cost")]
+    progress.show("latency: building")
+    opened = _open_all(runnable, spec, config, results["skipped"])
+    samples: dict[str, list[float]] = {name: [] for name in opened}
+    try:
+        per_round = max(1, config.latency_steps // 5)
+        for _ in range(5):
+            for name, o in opened.items():
+                if name not in samples:
+                    continue
+                try:
+                    samples[name] += o.latency_us(per_round)
+                except Exception as e:  # noqa: BLE001 - reported, the others go on
+                    results["skipped"].append({"backend": name, "env": "zero-cost",
+                                               "reason": f"failed while stepping: {_describe(e)}"})
+                    del samples[name]
+    finally:
+        for o in opened.values():
+            o.close()
+    for name in names:
+        if name in samples and samples[name]:
+            results["latency"].append({"backend": name, **summarize_latency(samples[name])})
+        progress.advance(f"latency: {name}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------------
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else (f"{x:.2f}" if x < 10 else f"{x:.1f}")
+
+
+def format_table(results: dict[str, Any]) -> str:
+    lines: list[str] = []
+    limit_cores = results["limit_cores"]
+    for env, bare in results["bare"].items():
+        limit = results["limit"][env]
+        lines.append(f"\n{env}: one env in a bare loop {bare:,.0f} steps/s; limit ({limit_cores} cores) "
+                     f"{limit:,.0f} steps/s")
+        lines.append(f"{'backend':<16}{'n_envs':>7}{'workers':>8}{'steps/s':>13}{'x Dummy':>9}{'of limit':>10}")
+        points = [p for p in results["points"] if p["env"] == env]
+        for n_envs in sorted({p["n_envs"] for p in points}):
+            for p in (p for p in points if p["n_envs"] == n_envs):
+                workers = "-" if p["workers"] is None else str(p["workers"])
+                lines.append(f"{p['backend']:<16}{n_envs:>7}{workers:>8}{p['steps_per_s']:>13,.0f}"
+                             f"{_ratio(p['ratio_to_dummy']):>9}{100 * p['share_of_limit']:>9.0f}%")
+        for n_envs, ratios in results["shmvec_vs"].get(env, {}).items():
+            said = ", ".join(f"{_ratio(r)}x {name}" for name, r in ratios.items())
+            lines.append(f"  at {n_envs} envs {OURS} runs {said}")
+    if results["footprint"]:
+        kind = results["footprint"][0]["memory_kind"].upper()
+        lines.append(f"\nStart-up (construct + first reset) and memory ({kind} of all processes), fresh interpreter each")
+        lines.append(f"{'backend':<16}{'env':<18}{'n_envs':>7}{'start s':>9}{'MiB added':>11}{'MiB total':>11}"
+                     f"{'procs':>7}")
+        for r in results["footprint"]:
+            lines.append(f"{r['backend']:<16}{r['env']:<18}{r['n_envs']:>7}{r['startup_s']:>9.2f}"
+                         f"{r['memory_added_bytes'] / 2**20:>11.0f}{r['memory_bytes'] / 2**20:>11.0f}"
+                         f"{r['processes']:>7}")
+    if results["latency"]:
+        lines.append("\nRound-trip latency of one step, one env of zero cost")
+        lines.append(f"{'backend':<16}{'median us':>10}{'p90 us':>10}")
+        for r in results["latency"]:
+            lines.append(f"{r['backend']:<16}{r['median_us']:>10.1f}{r['p90_us']:>10.1f}")
+    if results["skipped"]:
+        lines.append("\nSkipped:")
+        seen = set()
+        for s in results["skipped"]:
+            where = " ".join(str(s[k]) for k in ("env", "n_envs") if k in s)
+            line = f"  {s.get('backend', '')}{' (' + where + ')' if where else ''}: {s['reason']}"
+            if line not in seen:
+                seen.add(line)
+                lines.append(line)
+    lines.append("\nRatios hold across machines; absolute steps/s do not. Compare backends within one run.")
+    return "\n".join(lines)
+
+
+def _k(x: float) -> str:
+    return f"{x / 1e3:,.0f}k" if x >= 1e4 else (f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}")
+
+
+def format_markdown(results: dict[str, Any]) -> str:
+    """The results as markdown tables (the README's): steps/s and ratio to DummyVecEnv per backend
+    (columns) and env and n_envs (rows); shmvec against each peer; start-up, memory, latency."""
+    m = results["machine"]
+    c = results["config"]
+    out = [f"{m['cores']} cores ({m['cpu']}), Python {m['python']}, "
+           + ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
+           + f"; {c['seconds']:g} s per backend and point in {c['rounds']} alternating rounds, "
+           f"{c['workers']} workers, start method {c['start_method']}.", ""]
+    backends = list(dict.fromkeys(p["backend"] for p in results["points"]))
+    out.append("Env steps/s (x DummyVecEnv, median of per-round ratios); limit = "
+               f"{results['limit_cores']} cores x one env in a bare loop.")
+    out.append("")
+    out.append("| env | n_envs | " + " | ".join(backends) + " | limit |")
+    out.append("|---|---:|" + "---:|" * (len(backends) + 1))
+    for env in results["bare"]:
+        for n in sorted({p["n_envs"] for p in results["points"] if p["env"] == env}):
+            cells = []
+            for b in backends:
+                p = next((p for p in results["points"] if (p["env"], p["n_envs"], p["backend"]) == (env, n, b)), None)
+                if p is None:
+                    cells.append("-")
+                else:
+                    cell = f"{_k(p['steps_per_s'])} ({_ratio(p['ratio_to_dummy'])})"
+                    cells.append(f"**{cell}**" if b == OURS else cell)
+            out.append(f"| {env} | {n} | " + " | ".join(cells) + f" | {_k(results['limit'][env])} |")
+    out.append("")
+    out.append(f"{OURS} against each peer (median of per-round ratios; above 1: {OURS} is faster):")
+    out.append("")
+    peers = [b for b in backends if b != OURS]
+    out.append("| env | n_envs | " + " | ".join(peers) + " |")
+    out.append("|---|---:|" + "---:|" * len(peers))
+    for env, by_n in results["shmvec_vs"].items():
+        for n, ratios in by_n.items():
+            out.append(f"| {env} | {n} | " + " | ".join(_ratio(ratios.get(b)) for b in peers) + " |")
+    if results["footprint"]:
+        kind = results["footprint"][0]["memory_kind"].upper()
+        out += ["", f"Start-up (construct + first reset) and memory ({kind} of all processes; added = after - before "
+                    "building), each in a fresh interpreter:", "",
+                "| backend | env | n_envs | start-up s | MiB added | MiB total | processes |",
+                "|---|---|---:|---:|---:|---:|---:|"]
+        for r in results["footprint"]:
+            out.append(f"| {r['backend']} | {r['env']} | {r['n_envs']} | {r['startup_s']:.2f} | "
+                       f"{r['memory_added_bytes'] / 2**20:.0f} | {r['memory_bytes'] / 2**20:.0f} | {r['processes']} |")
+    if results["latency"]:
+        out += ["", "Round-trip latency of one step, one env of zero cost (microseconds):", "",
+                "| backend | median | p90 |", "|---|---:|---:|"]
+        for r in results["latency"]:
+            out.append(f"| {r['backend']} | {r['median_us']:.1f} | {r['p90_us']:.1f} |")
+    return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,81 +462,125 @@ def machine() -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def run(envs: list[str], n_envs_list: list[int], backends: list[str], seconds: float, start_method: str,
-        progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """Measures every backend at every n_envs, side by side; ratios are medians of per-round ratios."""
-    results: dict[str, Any] = {"machine": machine(), "seconds_per_point": seconds, "start_method": start_method,
-                               "points": [], "bare": {}}
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m shmvec.bench", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+        epilog=f"envs: {', '.join(env_names())} (busy-<N>us and image-<H>x<W>x<C> take any size). "
+               f"Backends: {', '.join(B.backend_names())}.",
+    )
+    p.add_argument("--preset", choices=list(PRESETS), default="quick",
+                   help="a named set of defaults (quick: about a minute on 2 cores; full: every env, "
+                        "n_envs 1..64, the README's figures; targets: issue 6's three comparisons, 5 s each); "
+                        "options below override it")
+    p.add_argument("--envs", nargs="+", metavar="ENV", help="envs to run (default: CartPole-v1)")
+    p.add_argument("--n-envs", nargs="+", type=int, metavar="N", help="numbers of envs (default: 8 64)")
+    p.add_argument("--backends", nargs="+", metavar="NAME", help="backends (default: all installed)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes (threads for EnvPool) of the backends that take a number "
+                        "(default: the cores this process may use)")
+    p.add_argument("--seconds", type=float, help="seconds measured per backend and point (default 2)")
+    p.add_argument("--rounds", type=int, default=10, help="alternating rounds the seconds are split into")
+    p.add_argument("--start-method", default="fork", choices=["fork", "forkserver", "spawn"],
+                   help="start method of the multiprocess backends (default fork; it changes start-up, "
+                        "not stepping speed)")
+    p.add_argument("--puffer-python", metavar="PYTHON",
+                   help="interpreter of a venv with PufferLib (numpy<2, gymnasium<=0.29); PufferLib is "
+                        "skipped without it")
+    p.add_argument("--points", nargs="+", metavar="ENV:N",
+                   help="measure these (env, n_envs) pairs instead of every env at every n_envs")
+    p.add_argument("--footprint-at", nargs="+", metavar="ENV:N",
+                   help="where to measure start-up and memory (default: the first env at the largest n_envs)")
+    p.add_argument("--no-footprint", action="store_true", help="skip start-up and memory")
+    p.add_argument("--no-latency", action="store_true", help="skip the round-trip latency")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--plot", metavar="DIR", help="also write throughput.png and footprint.png into DIR "
+                                                 "(needs shmvec[plot])")
+    p.add_argument("--from-json", metavar="PATH", help="do not measure: print (and plot) the results saved in PATH")
+    p.add_argument("--markdown", action="store_true", help="print the results as markdown tables (the README's)")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--list", action="store_true", help="list backends (installed or not) and envs, then exit")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    preset = PRESETS[args.preset]
+    backends = args.backends or B.backend_names()
+    for name in backends:
+        B.get(name)
+    envs = args.envs or preset["envs"]
     for env in envs:
-        progress(f"{env}: one env in a bare loop")
-        results["bare"][env] = bare_loop_sps(env, seconds)
-        for n_envs in n_envs_list:
-            venvs: dict[str, Any] = {}
-            startup: dict[str, float] = {}
-            try:
-                for backend in backends:
-                    progress(f"{env}: starting {backend} n_envs={n_envs}")
-                    t0 = time.perf_counter()
-                    venvs[backend] = make_backend(backend, env, n_envs, start_method=start_method)
-                    startup[backend] = time.perf_counter() - t0
-                progress(f"{env}: measuring n_envs={n_envs} side by side")
-                per_round = measure_side_by_side(venvs, seconds * len(venvs))
-            finally:
-                for v in venvs.values():
-                    v.close()
-            ref = per_round.get("DummyVecEnv")
-            for backend, figures in per_round.items():
-                ratio = float(np.median([f / r for f, r in zip(figures, ref)])) if ref else None
-                results["points"].append({
-                    "env": env, "backend": backend, "n_envs": n_envs, "steps_per_s": float(np.median(figures)),
-                    "ratio_to_dummy": ratio, "startup_s": startup[backend],
-                })
-    return results
+        check_env_name(env)
+    # --envs or --n-envs on the command line replace the preset's pairs.
+    points = args.points or (None if (args.envs or args.n_envs) else preset.get("points"))
+    if points:
+        parse_points(points)
+    if args.footprint_at:
+        parse_points(args.footprint_at)
+    return Config(
+        envs=envs, n_envs=args.n_envs or preset["n_envs"], backends=backends, points=points,
+        workers=args.workers or cores(), seconds=args.seconds if args.seconds is not None else preset["seconds"],
+        rounds=args.rounds, start_method=args.start_method, puffer_python=args.puffer_python,
+        footprint_at=args.footprint_at or preset["footprint_at"], footprint=not args.no_footprint,
+        latency=not args.no_latency,
+    )
 
 
-def format_table(results: dict[str, Any]) -> str:
-    n_cores = results["machine"]["cores"]
-    lines = []
-    for env, bare in results["bare"].items():
-        limit = n_cores * bare
-        lines.append(f"\n{env}: one env in a bare loop {bare:,.0f} steps/s; limit ({n_cores} cores) {limit:,.0f} steps/s")
-        lines.append(f"{'backend':<15}{'n_envs':>7}{'steps/s':>12}{'x Dummy':>9}{'% limit':>9}{'start s':>9}")
-        points = [p for p in results["points"] if p["env"] == env]
-        for n_envs in sorted({p["n_envs"] for p in points}):
-            row = [p for p in points if p["n_envs"] == n_envs]
-            for p in row:
-                ratio = f"{p['ratio_to_dummy']:.2f}" if p["ratio_to_dummy"] is not None else "-"
-                lines.append(
-                    f"{p['backend']:<15}{n_envs:>7}{p['steps_per_s']:>12,.0f}{ratio:>9}"
-                    f"{100 * p['steps_per_s'] / limit:>8.0f}%{p['startup_s']:>9.2f}"
-                )
+def _list(puffer_python: str | None) -> str:
+    lines = ["backends:"]
+    for b in B.REGISTRY.values():
+        reason = check_puffer_python(puffer_python) if b.remote else b.missing()
+        state = "available" if not reason else f"skipped: {reason}"
+        lines.append(f"  {b.name:<16}{b.library:<11}{b.note}\n  {'':<27}{state}")
+    lines.append("envs: " + ", ".join(env_names()) + " (busy-<N>us and image-<H>x<W>x<C> take any size)")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shmvec.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--envs", nargs="+", default=["CartPole-v1"], choices=list(ENVS))
-    parser.add_argument("--n-envs", nargs="+", type=int, default=[8, 64])
-    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS))
-    parser.add_argument("--seconds", type=float, default=3.0,
-                        help="seconds measured per backend and point, in alternating rounds (default 3)")
-    parser.add_argument("--start-method", default="fork", choices=["fork", "forkserver", "spawn"],
-                        help="start method of the multiprocess backends (default fork: fastest start-up; "
-                             "it does not change stepping speed)")
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    # EnvPool's spaces make Gymnasium warn about float64 bounds cast to float32: noise, not news.
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
+    parser = _parser()
     args = parser.parse_args(argv)
+    if args.list:
+        print(_list(args.puffer_python))
+        return 0
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            from shmvec._bench.plot import PLOT_HINT
 
-    def progress(msg: str) -> None:
-        print(f"  .. {msg}", file=sys.stderr, flush=True)
+            parser.error(f"--plot: {PLOT_HINT}")
+    if args.from_json:
+        with open(args.from_json) as f:
+            results = json.load(f)
+        print(format_markdown(results) if args.markdown else format_table(results))
+        if args.plot:
+            from shmvec._bench.plot import plot_all
 
+            for path in plot_all(results, args.plot):
+                print(f"wrote {path}")
+        return 0
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
     m = machine()
-    print(f"shmvec benchmark: {m['cores']} cores, {m['cpu']}, Python {m['python']}, {args.seconds:g} s per point")
-    results = run(args.envs, args.n_envs, args.backends, args.seconds, args.start_method, progress)
-    print(format_table(results))
+    print(f"shmvec benchmark: {m['cores']} cores ({m['cpu']}), Python {m['python']}, "
+          f"{config.seconds:g} s per backend and point, {config.workers} workers, start method {config.start_method}",
+          flush=True)
+    progress = Progress(0, enabled=not args.quiet)
+    results = run(config, progress)
+    print(format_markdown(results) if args.markdown else format_table(results))
     if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+            json.dump(results, f, indent=1)
         print(f"\nwrote {args.json}")
+    if args.plot:
+        from shmvec._bench.plot import plot_all
+
+        for path in plot_all(results, args.plot):
+            print(f"wrote {path}")
     return 0
 
 

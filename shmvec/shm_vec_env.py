@@ -24,6 +24,7 @@ import numpy as np
 from gymnasium import spaces
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
+from shmvec import _masks
 from shmvec import _protocol as P
 from shmvec._actions import INVALID_ACTIONS, exact_integers, make_action_checks
 from shmvec._core import Words
@@ -203,6 +204,12 @@ class ShmVecEnv(Recovery, VecEnv):
     :param preload: module names the forkserver imports once (e.g. ``["torch"]``), so that workers
         forked from it do not import them again; ``start_method="forkserver"`` only.  The
         forkserver is one per process and started once: see :func:`shmvec.set_forkserver_preload`.
+    :param action_masks: serve ``env_method("action_masks")`` (sb3-contrib's ``MaskablePPO``
+        calls it every step) from shared memory: the workers call ``action_masks()`` after every
+        reset and step and write it into a bool buffer, and the parent answers without a pipe
+        round trip (see :mod:`shmvec._masks`).  None (default): on when every env has an
+        ``action_masks`` method and the action space is Discrete, MultiDiscrete or MultiBinary.
+        False: off (``env_method("action_masks")`` goes through the pipe like any other call).
 
     :raises TypeError: ``env_fns`` holds something that is not callable (an env instance).
     :raises UnpicklableFactoryError: a factory cannot be pickled; the message names the object.
@@ -235,6 +242,7 @@ class ShmVecEnv(Recovery, VecEnv):
         envs_per_worker: int | None = None,
         cpu_affinity: bool | Sequence[int | Sequence[int]] | None = None,
         preload: Sequence[str] | None = None,
+        action_masks: bool | None = None,
     ) -> None:
         # Every constructor argument but the factories, for describe().
         self._config = {k: v for k, v in locals().items() if k not in ("self", "env_fns", "__class__")}
@@ -282,6 +290,7 @@ class ShmVecEnv(Recovery, VecEnv):
         parent_us, worker_us = spin_us if isinstance(spin_us, tuple) else (spin_us, spin_us)
         self._parent_spin = max(0.0, parent_us) * 1e-6
         self._worker_spin = max(0.0, worker_us) * 1e-6
+        self._want_masks = action_masks
 
         payloads = [self._pickle_factories(env_fns, sl) for sl in self.slices]
         self._payloads, self._worker_threads = payloads, worker_threads  # kept to restart a worker
@@ -329,15 +338,16 @@ class ShmVecEnv(Recovery, VecEnv):
         except Exception as exc:
             F.explain_construction_error(exc, self.start_method)
             raise
-        obs_space, act_space, render_mode, metadata = hellos[0]
-        for w, (o, a, _, _) in enumerate(hellos[1:], start=1):
+        obs_space, act_space, render_mode, metadata, _ = hellos[0]
+        for w, (o, a, *_) in enumerate(hellos[1:], start=1):
             for name, mine, first in (("observation_space", o, obs_space), ("action_space", a, act_space)):
                 if mine != first:
                     raise SpaceError(
                         f"env {self.slices[w].start} has {name} {mine}, env 0 has {first}: "
                         "all envs of a vec env must share their spaces."
                     )
-        layout = Layout(obs_space, act_space, self.slices[-1].stop, self.n_workers, mailbox_bytes)
+        mask_size = _masks.resolve(self._want_masks, all(h[4] for h in hellos), act_space)
+        layout = Layout(obs_space, act_space, self.slices[-1].stop, self.n_workers, mailbox_bytes, mask_size)
         res.shm = SharedMemory(name=f"shmvec_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=layout.nbytes)
         try:
             os.posix_fallocate(res.shm._fd, 0, layout.nbytes)  # ENOSPC now, not SIGBUS mid-step
@@ -350,7 +360,7 @@ class ShmVecEnv(Recovery, VecEnv):
 
         # Handshake 2: every worker attaches; then the name is unlinked, so no segment outlives us.
         for conn in res.conns:
-            conn.send(("attach", (res.shm.name, layout.n_envs, self.n_workers, mailbox_bytes)))
+            conn.send(("attach", (res.shm.name, layout.n_envs, self.n_workers, mailbox_bytes, mask_size)))
         for w in range(self.n_workers):
             self._recv(w, "attach", _BROKEN_HINT)
         res.unlink()
@@ -531,7 +541,36 @@ class ShmVecEnv(Recovery, VecEnv):
         self._pipe_call("set_attr", indices, (attr_name, value))
 
     def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None, **method_kwargs) -> list[Any]:
+        if method_name == _masks.METHOD and self.masks_in_shm and not method_args and not method_kwargs:
+            return list(self.action_masks(indices))
         return self._pipe_call("env_method", indices, (method_name, method_args, method_kwargs))
+
+    @property
+    def masks_in_shm(self) -> bool:
+        """Whether action masks are served from shared memory (the ``action_masks`` option)."""
+        layout = getattr(self, "_layout", None)  # absent on a half-built object
+        return layout is not None and layout.mask_size > 0
+
+    def action_masks(self, indices: VecEnvIndices = None) -> np.ndarray:
+        """The envs' current action masks, bool ``(len(indices), mask_size)``, read from shared memory.
+
+        Each row is what the env's ``action_masks()`` returned after its last reset or step (or
+        ``set_attr``/``env_method`` call), flattened; all False before the first ``reset()``.
+
+        :raises ShmVecEnvError: action masks are off for this vec env.
+        :raises ClosedVecEnvError, BrokenVecEnvError, AlreadyPendingCallError: misuse.
+        """
+        self._check_usable()
+        if not self.masks_in_shm:
+            raise ShmVecEnvError(
+                "action masks are off for this ShmVecEnv (its envs have no action_masks() method, or "
+                "action_masks=False): call env_method('action_masks') instead."
+            )
+        if self.waiting:
+            raise AlreadyPendingCallError("action_masks() while a step is in flight: call step_wait() first")
+        if indices is None:
+            return self._views.mask.copy()
+        return self._views.mask[list(self._get_indices(indices))]
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
         return self._pipe_call("is_wrapped", indices, (wrapper_class,))

@@ -33,6 +33,7 @@ class _Engine(ShmVecEnv):
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], autoreset: str, **kwargs: Any) -> None:
         self._autoreset = autoreset
+        kwargs.setdefault("action_masks", False)  # Gymnasium's API has no env_method("action_masks") fast path
         super().__init__(env_fns, **kwargs)
 
     def step_raw(self, actions: Any) -> list[list]:

@@ -1,0 +1,127 @@
+"""Wall-clock time of PPO on CartPole-v1 through DummyVecEnv and ShmVecEnv, same seeds and settings.
+
+Answers: does training get faster with shmvec, and by how much, at a given n_envs?  Both
+runs must collect the same rollouts and end with the same weights (checked, printed); the
+time of each run is split into rollout collection (env steps + policy forward passes) and
+PPO's updates, which no vec env speeds up.  ``--busy-us`` makes each env step cost that
+many extra microseconds of CPU (a stand-in for a costlier simulator than CartPole)::
+
+    python bench/ppo_wallclock.py                          # n_envs 8, 64, 256
+    python bench/ppo_wallclock.py --n-envs 64 --busy-us 50 --subproc
+
+Absolute times depend on the machine (and on its load); compare the runs of one call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import gymnasium as gym
+import torch
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+from shmvec import ShmVecEnv
+from shmvec.bench import machine
+
+
+class BusyStep(gym.Wrapper):
+    """Spins ``busy_us`` microseconds of CPU in every step."""
+
+    def __init__(self, env: gym.Env, busy_us: float) -> None:
+        super().__init__(env)
+        self.busy_s = busy_us * 1e-6
+
+    def step(self, action):
+        end = time.perf_counter() + self.busy_s
+        while time.perf_counter() < end:
+            pass
+        return self.env.step(action)
+
+
+class RolloutTimer(BaseCallback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rollout_s = 0.0
+        self._start = 0.0
+
+    def _on_rollout_start(self) -> None:
+        self._start = time.perf_counter()
+
+    def _on_rollout_end(self) -> None:
+        self.rollout_s += time.perf_counter() - self._start
+
+    def _on_step(self) -> bool:
+        return True
+
+
+def run(cls, n_envs: int, args: argparse.Namespace) -> dict:
+    wrapper = (lambda env: BusyStep(env, args.busy_us)) if args.busy_us > 0 else None
+    kwargs = None
+    if cls is ShmVecEnv:
+        kwargs = {"n_workers": args.n_workers}
+        if args.spin_us is not None:
+            kwargs["spin_us"] = args.spin_us
+    start = time.perf_counter()
+    env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=0, vec_env_cls=cls, wrapper_class=wrapper,
+                       vec_env_kwargs=kwargs)
+    startup = time.perf_counter() - start
+    try:
+        model = PPO("MlpPolicy", env, n_steps=args.n_steps, batch_size=max(64, n_envs * args.n_steps // 4),
+                    n_epochs=args.n_epochs, learning_rate=1e-3, seed=0, policy_kwargs={"net_arch": [64, 64]})
+        timer = RolloutTimer()
+        start = time.perf_counter()
+        model.learn(args.steps, callback=timer)
+        total = time.perf_counter() - start
+    finally:
+        env.close()
+    return {"backend": cls.__name__, "n_envs": n_envs, "steps": model.num_timesteps, "startup_s": startup,
+            "total_s": total, "rollout_s": timer.rollout_s, "update_s": total - timer.rollout_s,
+            "episodes": [(ep["r"], ep["l"]) for ep in model.ep_info_buffer],
+            "params": [p.detach().clone() for p in model.policy.parameters()]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n-envs", type=int, nargs="+", default=[8, 64, 256])
+    parser.add_argument("--steps", type=int, default=65_536)
+    parser.add_argument("--n-steps", type=int, default=32)
+    parser.add_argument("--n-epochs", type=int, default=2)
+    parser.add_argument("--busy-us", type=float, default=0.0)
+    parser.add_argument("--n-workers", type=int, default=None)
+    parser.add_argument("--spin-us", type=float, default=None,
+                        help="ShmVecEnv spin_us (default: its own); 0 makes waiting workers sleep at once")
+    parser.add_argument("--subproc", action="store_true", help="also time SubprocVecEnv (slow at many envs)")
+    parser.add_argument("--json", help="write the results to this file")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"machine: {machine()}; torch threads 1; PPO n_steps={args.n_steps} n_epochs={args.n_epochs}, "
+          f"{args.steps} steps, busy_us={args.busy_us}")
+    print(f"{'backend':14s} {'n_envs':>6s} {'total s':>8s} {'rollout s':>9s} {'update s':>8s} {'steps/s':>9s} "
+          f"{'x Dummy':>8s}  same as Dummy")
+    rows = []
+    for n_envs in args.n_envs:
+        backends = [DummyVecEnv, ShmVecEnv] + ([SubprocVecEnv] if args.subproc else [])
+        ref = None
+        for cls in backends:
+            r = run(cls, n_envs, args)
+            if ref is None:
+                ref = r
+            same = r["episodes"] == ref["episodes"] and all(
+                torch.equal(a, b) for a, b in zip(r["params"], ref["params"]))
+            print(f"{r['backend']:14s} {n_envs:6d} {r['total_s']:8.2f} {r['rollout_s']:9.2f} {r['update_s']:8.2f} "
+                  f"{r['steps'] / r['total_s']:9,.0f} {ref['total_s'] / r['total_s']:8.2f}  {same}")
+            rows.append({k: v for k, v in r.items() if k not in ("params", "episodes")} | {"same_as_dummy": same})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine(), "args": vars(args), "rows": rows}, f, indent=2)
+    if not all(row["same_as_dummy"] for row in rows):
+        raise SystemExit("a run differs from DummyVecEnv's: please report it as a shmvec bug")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""The vec envs the benchmark compares, in one registry: adding a backend is one ``Backend`` entry.
+
+Every backend is given the same env factory (:class:`shmvec._bench.envs.EnvFactory`), so each
+steps exactly the same envs (no ``Monitor``, no wrapper one side lacks).  A backend whose package
+is not installed reports why in :meth:`Backend.missing` and is skipped, never an error.
+
+Libraries are imported inside the build functions: this module imports nothing beyond the
+standard library, so a helper process in another interpreter (PufferLib's venv) can import it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shmvec._bench.envs import EnvFactory
+
+
+@dataclass
+class BuildSpec:
+    """What to build: ``n_envs`` copies of ``env`` on ``workers`` processes (or threads) at most."""
+
+    env: str
+    n_envs: int
+    workers: int
+    start_method: str = "fork"
+
+
+@dataclass
+class Handle:
+    """A built vec env: ``step(actions)`` is the backend's own method, ``reset()`` its first reset."""
+
+    venv: Any
+    reset: Callable[[], Any]
+    sample_actions: Callable[[int], list]
+    workers: int | None  # processes or threads stepping envs (None: one per env, or the caller's)
+    step_fn: Callable[[Any], Any] | None = None  # instead of venv.step (an async pool's send + recv)
+    envs_per_step: int | None = None  # env steps one step() makes (None: all n_envs)
+
+    @property
+    def step(self) -> Callable[[Any], Any]:
+        return self.step_fn or self.venv.step
+
+    def close(self) -> None:
+        self.venv.close()
+
+
+def _single_space_sampler(env: str, n_envs: int) -> Callable[[int], list]:
+    """Draws ``count`` batches of random actions from one env's action space (seeded)."""
+
+    def sample(count: int) -> list:
+        import numpy as np
+
+        probe = EnvFactory(env)()
+        space = probe.action_space
+        probe.close()
+        space.seed(0)
+        return [np.array([space.sample() for _ in range(n_envs)]) for _ in range(count)]
+
+    return sample
+
+
+def _handle(venv: Any, spec: BuildSpec, reset: Callable[[], Any], workers: int | None) -> Handle:
+    return Handle(venv, reset, _single_space_sampler(spec.env, spec.n_envs), workers)
+
+
+def _dummy(spec: BuildSpec) -> Handle:
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    venv = DummyVecEnv([EnvFactory(spec.env)] * spec.n_envs)
+    venv.seed(0)
+    return _handle(venv, spec, venv.reset, 1)
+
+
+def _subproc(spec: BuildSpec) -> Handle:
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    venv = SubprocVecEnv([EnvFactory(spec.env)] * spec.n_envs, start_method=spec.start_method)
+    venv.seed(0)
+    return _handle(venv, spec, venv.reset, None)
+
+
+def _shm(spec: BuildSpec) -> Handle:
+    from shmvec import ShmVecEnv
+
+    venv = ShmVecEnv([EnvFactory(spec.env)] * spec.n_envs, n_workers=min(spec.workers, spec.n_envs),
+                     start_method=spec.start_method)
+    venv.seed(0)
+    return _handle(venv, spec, venv.reset, venv.n_workers)
+
+
+def _gym_sync(spec: BuildSpec) -> Handle:
+    from gymnasium.vector import SyncVectorEnv
+
+    venv = SyncVectorEnv([EnvFactory(spec.env)] * spec.n_envs)
+    return _handle(venv, spec, lambda: venv.reset(seed=0), 1)
+
+
+def _gym_async(spec: BuildSpec) -> Handle:
+    from gymnasium.vector import AsyncVectorEnv
+
+    venv = AsyncVectorEnv([EnvFactory(spec.env)] * spec.n_envs, shared_memory=True, context=spec.start_method)
+    return _handle(venv, spec, lambda: venv.reset(seed=0), None)
+
+
+def _envpool(spec: BuildSpec) -> Handle:
+    import envpool
+    import numpy as np
+
+    workers = min(spec.workers, spec.n_envs)
+    venv = envpool.make_gymnasium("CartPole-v1", num_envs=spec.n_envs, batch_size=spec.n_envs,
+                                  num_threads=workers, seed=0)
+
+    def sample(count: int) -> list:
+        rng = np.random.default_rng(0)
+        return [rng.integers(0, 2, spec.n_envs, dtype=np.int32) for _ in range(count)]
+
+    return Handle(venv, venv.reset, sample, workers)
+
+
+def puffer_workers(workers: int, n_envs: int, n_cores: int) -> int:
+    """PufferLib's worker count: its main process busy-waits on the workers, so with as many
+    workers as cores three spinning processes share two cores and it collapses (a few hundred
+    steps/s); it gets one worker less than the cores (at least one), and a divisor of n_envs."""
+    w = max(1, min(workers, n_cores - 1, n_envs))
+    while n_envs % w:  # PufferLib needs num_envs divisible by num_workers
+        w -= 1
+    return w
+
+
+def _puffer(spec: BuildSpec) -> Handle:
+    import pufferlib.emulation
+    import pufferlib.vector
+
+    from shmvec._bench.measures import cores
+
+    workers = puffer_workers(spec.workers, spec.n_envs, cores())
+    venv = pufferlib.vector.make(
+        _PufferCreator(spec.env), backend=pufferlib.vector.Multiprocessing, num_envs=spec.n_envs,
+        num_workers=workers, batch_size=spec.n_envs, overwork=True,
+    )
+    draw = _single_space_sampler(spec.env, spec.n_envs)
+    # PufferLib's shared action buffer of a Discrete space is int32.
+    return Handle(venv, lambda: venv.reset(seed=0), lambda count: [a.astype("int32") for a in draw(count)], workers)
+
+
+class _PufferCreator:
+    """PufferLib wants a creator returning its emulation wrapper around the env (picklable)."""
+
+    def __init__(self, env: str) -> None:
+        self.env = env
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import pufferlib.emulation
+
+        return pufferlib.emulation.GymnasiumPufferEnv(env_creator=EnvFactory(self.env), buf=kwargs.get("buf"))
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One vec env implementation the benchmark can run."""
+
+    name: str
+    library: str  # who provides it, as the table says it
+    modules: tuple[str, ...]  # must be importable (in the interpreter that runs it)
+    build: Callable[[BuildSpec], Handle]
+    envs: tuple[str, ...] | None = None  # the only envs it can run (None: any Python env)
+    remote: bool = False  # runs in another interpreter (``--puffer-python``), in a helper process
+    note: str = ""
+
+    def missing(self) -> str | None:
+        """Why this backend cannot run here (a module is not importable), or None."""
+        for module in self.modules:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                return f"{module} is not installed"
+        return None
+
+    def supports(self, env: str) -> bool:
+        return self.envs is None or env in self.envs
+
+
+def _optional_module(name: str) -> bool:
+    """Whether ``name`` is importable; for ``shmvec.*``, only from this copy of shmvec (an editable
+    install elsewhere on the machine must not lend this one modules it lacks)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    if name.startswith("shmvec.") and spec.origin:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        return os.path.abspath(spec.origin).startswith(here + os.sep)
+    return True
+
+
+REGISTRY: dict[str, Backend] = {
+    b.name: b
+    for b in [
+        Backend("DummyVecEnv", "SB3", ("stable_baselines3",), _dummy,
+                note="all envs stepped one after the other in this process"),
+        Backend("SubprocVecEnv", "SB3", ("stable_baselines3",), _subproc,
+                note="one process per env, pickles through pipes"),
+        Backend("ShmVecEnv", "shmvec", ("shmvec._core",), _shm,
+                note="workers step slices of envs in shared memory"),
+        Backend("SyncVectorEnv", "Gymnasium", ("gymnasium",), _gym_sync,
+                note="all envs stepped one after the other in this process"),
+        Backend("AsyncVectorEnv", "Gymnasium", ("gymnasium",), _gym_async,
+                note="one process per env, observations in shared memory, pickles the rest"),
+        Backend("EnvPool", "EnvPool", ("envpool",), _envpool, envs=("CartPole-v1",),
+                note="its own C++ CartPole, not the Python env: can pass the Python limit"),
+        Backend("PufferLib", "PufferLib", ("pufferlib",), _puffer, remote=True,
+                note="pufferlib.vector.Multiprocessing in the interpreter given by --puffer-python; "
+                     "one worker less than the cores (its main process busy-waits)"),
+    ]
+}
+
+# The rest of shmvec's front-ends: registered when the installed shmvec has them.
+if _optional_module("shmvec.shm_vector_env"):  # pragma: no cover - depends on the shmvec version
+
+    def _shm_vector(spec: BuildSpec) -> Handle:
+        from shmvec.shm_vector_env import ShmVectorEnv  # type: ignore[import-not-found]
+
+        venv = ShmVectorEnv([EnvFactory(spec.env)] * spec.n_envs, n_workers=min(spec.workers, spec.n_envs),
+                            start_method=spec.start_method)
+        return _handle(venv, spec, lambda: venv.reset(seed=0), venv.n_workers)
+
+    REGISTRY["ShmVectorEnv"] = Backend("ShmVectorEnv", "shmvec", ("shmvec.shm_vector_env",), _shm_vector,
+                                       note="shmvec's Gymnasium VectorEnv")
+
+
+if _optional_module("shmvec.env_pool"):  # pragma: no cover - depends on the shmvec version
+
+    class _PoolLoop:
+        """An EnvPool-style loop over shmvec's async pool: send actions to the envs the last recv
+        returned, recv the next ``batch_size`` that finish."""
+
+        def __init__(self, pool: Any) -> None:
+            self.pool, self.ids = pool, None
+
+        def reset(self) -> None:
+            _, infos = self.pool.reset(seed=0)
+            self.ids = infos["env_id"]
+
+        def step(self, actions: Any) -> Any:
+            self.pool.send(actions[: len(self.ids)], self.ids)
+            out = self.pool.recv()
+            self.ids = out[4]["env_id"]
+            return out
+
+    def _shm_pool(spec: BuildSpec) -> Handle:
+        from shmvec.env_pool import ShmEnvPool  # type: ignore[import-not-found]
+
+        batch = max(1, spec.n_envs // 2)
+        pool = ShmEnvPool([EnvFactory(spec.env)] * spec.n_envs, batch_size=batch,
+                          n_workers=min(spec.workers, spec.n_envs), start_method=spec.start_method)
+        loop = _PoolLoop(pool)
+        return Handle(pool, loop.reset, _single_space_sampler(spec.env, spec.n_envs), min(spec.workers, spec.n_envs),
+                      step_fn=loop.step, envs_per_step=batch)
+
+    REGISTRY["ShmEnvPool"] = Backend("ShmEnvPool", "shmvec", ("shmvec.env_pool",), _shm_pool,
+                                     note="shmvec's async pool, batch_size = n_envs / 2 (steps/s counts envs returned)")
+
+
+def backend_names() -> list[str]:
+    return list(REGISTRY)
+
+
+def get(name: str) -> Backend:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}: choose from {', '.join(REGISTRY)}") from None
+
+
+def build(name: str, spec: BuildSpec) -> Handle:
+    """Builds ``spec`` on backend ``name`` in this interpreter."""
+    return get(name).build(spec)
+
+
+def import_modules(name: str) -> None:
+    """Imports what backend ``name`` needs (so that start-up timings leave import time out)."""
+    for module in get(name).modules:
+        importlib.import_module(module)
+    if name in ("DummyVecEnv", "SubprocVecEnv", "ShmVecEnv"):
+        importlib.import_module("stable_baselines3.common.vec_env")
+    if name == "ShmVecEnv":
+        importlib.import_module("shmvec.shm_vec_env")
+    if name in ("SyncVectorEnv", "AsyncVectorEnv"):
+        importlib.import_module("gymnasium.vector")

@@ -1,0 +1,376 @@
+"""The benchmark (``python -m shmvec.bench``) on tiny configurations: structure, skips, errors.
+
+Timings are never asserted (a shared machine makes them meaningless); what is checked is that every
+measure is there, consistent with the others, and that a backend that cannot run is a note, not an error.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from shmvec import bench
+from shmvec._bench import backends as B
+from shmvec._bench.envs import EnvFactory, check_env_name, obs_nbytes
+from shmvec._bench.measures import ACTION_BATCHES, Stepper, median_ratio, side_by_side, tree_memory
+from shmvec._bench.remote import RemoteBackend, RemoteError
+
+BENCH_ENVS = ["CartPole-v1", "busy-50us", "image-84x84x4", "image-210x160x3", "CartPole-info", "dict-obs", "zero-cost"]
+TINY = ["--seconds", "0.2", "--rounds", "2", "--quiet"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _multiprocessing_heap():
+    """Gymnasium's AsyncVectorEnv(shared_memory=True) allocates from multiprocessing's process-wide heap,
+    whose arenas (a descriptor each) live as long as the process: make one before the leak check's
+    snapshots, so that the small buffers of these tests come from it."""
+    import multiprocessing as mp
+
+    block = mp.get_context("fork").Array("B", 1 << 20, lock=False)
+    del block
+    yield
+
+
+def _run_cli(argv, capsys):
+    rc = bench.main(argv)
+    return rc, capsys.readouterr()
+
+
+@pytest.mark.parametrize("name", BENCH_ENVS)
+def test_bench_envs_pass_gymnasium_checker(name):
+    env = EnvFactory(name)()
+    try:
+        check_env(env.unwrapped, skip_render_check=True)
+    finally:
+        env.close()
+
+
+def test_env_names_are_checked():
+    assert check_env_name("busy-1234us") == "busy-1234us"
+    assert check_env_name("image-8x8x1") == "image-8x8x1"
+    with pytest.raises(ValueError, match="busy-<N>us"):
+        check_env_name("busy-fast")
+
+
+def test_busy_env_burns_its_cpu_time():
+    import time
+
+    env = EnvFactory("busy-2000us")()
+    env.reset(seed=0)
+    t0 = time.thread_time()
+    for _ in range(5):
+        env.step(0)
+    assert time.thread_time() - t0 >= 5 * 2000e-6
+    env.close()
+
+
+def test_image_and_dict_observations():
+    env = EnvFactory("image-210x160x3")()
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (210, 160, 3) and obs.dtype == np.uint8
+    assert obs_nbytes(env.observation_space) == 210 * 160 * 3
+    env.close()
+    env = EnvFactory("dict-obs")()
+    assert isinstance(env.observation_space, gym.spaces.Dict)
+    assert obs_nbytes(env.observation_space) == 4 * 4 + 16 * 16 + 8
+    env.close()
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", "image-84x84x4", "dict-obs", "CartPole-info"])
+@pytest.mark.parametrize("backend", [n for n, b in B.REGISTRY.items() if not b.remote])
+def test_every_backend_steps_every_env(backend, env):
+    b = B.get(backend)
+    if b.missing():
+        pytest.skip(f"{backend}: {b.missing()}")
+    if not b.supports(env):
+        pytest.skip(f"{backend} runs only {b.envs}")
+    handle = B.build(backend, B.BuildSpec(env, 2, 2, "fork"))
+    try:
+        handle.reset()
+        actions = handle.sample_actions(4)
+        assert len(actions) == 4 and len(actions[0]) == 2
+        for a in actions:
+            out = handle.step(a)
+        obs = out[0]
+        rows = handle.envs_per_step or 2  # an async pool returns its batch
+        single = EnvFactory(env)().observation_space
+        first = obs["state"] if isinstance(obs, dict) else obs
+        assert len(first) == rows
+        if isinstance(single, gym.spaces.Box):
+            assert obs.shape == (rows, *single.shape)
+    finally:
+        handle.close()
+
+
+def test_side_by_side_gives_each_stepper_every_round():
+    class Fake:
+        def __init__(self, sps):
+            self.sps, self.calls = sps, []
+
+        def chunk(self, seconds):
+            self.calls.append(seconds)
+            return self.sps
+
+    a, b = Fake(100.0), Fake(50.0)
+    rounds = side_by_side({"a": a, "b": b}, 1.0, 4)
+    assert rounds == {"a": [100.0] * 4, "b": [50.0] * 4}
+    assert a.calls == [0.25] * 4  # each is measured `seconds` in all
+    assert median_ratio(rounds["b"], rounds["a"]) == 0.5
+
+
+def test_stepper_counts_env_steps():
+    calls = []
+    stepper = Stepper(calls.append, [np.zeros(3)] * 2, num_envs=3, warmup_steps=5)
+    assert len(calls) == 5
+    sps = stepper.chunk(0.01)
+    assert sps > 0 and len(calls) > 5
+    assert len(stepper.latency_us(7)) == 7
+
+
+def test_tree_memory_counts_children():
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    ev = ctx.Event()
+    p = ctx.Process(target=ev.wait, args=(30,))
+    alone = tree_memory()
+    p.start()
+    try:
+        with_child = tree_memory()
+    finally:
+        ev.set()
+        p.join()
+    assert with_child["processes"] == alone["processes"] + 1
+    assert with_child["kind"] in ("pss", "rss")
+    assert with_child["bytes"] > 0
+
+
+def test_cli_tiny_run_json(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc, cap = _run_cli(["--envs", "CartPole-v1", "--n-envs", "1", "2", "--backends", "DummyVecEnv", "ShmVecEnv",
+                        "--no-footprint", "--no-latency", "--json", str(out), *TINY], capsys)
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["version"] == bench.RESULTS_VERSION
+    assert r["machine"]["cores"] >= 1 and r["config"]["seconds"] == 0.2
+    assert r["bare"]["CartPole-v1"] > 0
+    assert math.isclose(r["limit"]["CartPole-v1"], r["limit_cores"] * r["bare"]["CartPole-v1"])
+    assert {(p["backend"], p["n_envs"]) for p in r["points"]} == {
+        (b, n) for b in ("DummyVecEnv", "ShmVecEnv") for n in (1, 2)}
+    for p in r["points"]:
+        assert len(p["rounds"]) == 2 and p["steps_per_s"] > 0
+        assert math.isclose(p["share_of_limit"], p["steps_per_s"] / r["limit"]["CartPole-v1"])
+        if p["backend"] == "DummyVecEnv":
+            assert p["ratio_to_dummy"] == 1.0
+    assert set(r["shmvec_vs"]["CartPole-v1"]["2"]) == {"DummyVecEnv"}
+    assert r["footprint"] == [] and r["latency"] == []
+    assert "x Dummy" in cap.out and "ShmVecEnv runs" in cap.out
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """One tiny run with start-up, memory and latency (each backend in a fresh interpreter), shared by
+    the tests below; a backend whose package is missing is registered for it."""
+    out = tmp_path_factory.mktemp("bench") / "r.json"
+    with pytest.MonkeyPatch.context() as mp_:
+        mp_.setitem(B.REGISTRY, "NotInstalled", B.Backend("NotInstalled", "x", ("no_such_module_shmvec",),
+                                                          B.REGISTRY["DummyVecEnv"].build))
+        stdout = io.StringIO()
+        mp_.setattr(sys, "stdout", stdout)
+        rc = bench.main(["--envs", "CartPole-v1", "--n-envs", "2", "--backends", "DummyVecEnv", "ShmVecEnv",
+                         "NotInstalled", "PufferLib", "--json", str(out), *TINY])
+    return rc, out, stdout.getvalue()
+
+
+def test_cli_footprint_latency_and_skips(measured):
+    rc, out, text = measured
+    assert rc == 0
+    r = json.loads(out.read_text())
+    # A backend whose package is missing is a note in the table, not an error.
+    reasons = {s["backend"]: s["reason"] for s in r["skipped"]}
+    assert "no_such_module_shmvec is not installed" in reasons["NotInstalled"]
+    assert "--puffer-python" in reasons["PufferLib"]
+    assert "Skipped:" in text
+    feet = {f["backend"]: f for f in r["footprint"]}
+    assert set(feet) == {"DummyVecEnv", "ShmVecEnv"}
+    assert feet["ShmVecEnv"]["processes"] >= 3  # the interpreter and its 2 workers (and the resource tracker)
+    assert feet["DummyVecEnv"]["processes"] == 1
+    for f in feet.values():
+        assert f["startup_s"] > 0 and f["memory_bytes"] > 0 and f["memory_kind"] in ("pss", "rss")
+        assert (f["env"], f["n_envs"]) == ("CartPole-v1", 2)
+    lat = {x["backend"]: x for x in r["latency"]}
+    assert set(lat) == {"DummyVecEnv", "ShmVecEnv"}
+    assert all(0 < x["median_us"] <= x["p90_us"] for x in lat.values())
+
+
+def test_cli_from_json_prints_markdown(measured, capsys):
+    _, out, _ = measured
+    assert bench.main(["--from-json", str(out), "--markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "| CartPole-v1 | 2 |" in text and "**" in text  # ShmVecEnv's cells stand out
+    assert "| backend | median | p90 |" in text
+
+
+def test_cli_plot_writes_pngs(measured, tmp_path):
+    # In a process of its own: matplotlib keeps its font files open for the life of the process.
+    pytest.importorskip("matplotlib")
+    _, out, _ = measured
+    root = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
+    done = subprocess.run([sys.executable, "-m", "shmvec.bench", "--from-json", str(out), "--plot", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, done.stderr
+    for name in ("throughput.png", "footprint.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+        assert name in done.stdout
+
+
+def test_envpool_runs_only_its_cartpole(tmp_path, capsys):
+    if B.get("EnvPool").missing():
+        pytest.skip("envpool is not installed")
+    out = tmp_path / "r.json"
+    rc, _ = _run_cli(["--envs", "busy-10us", "--n-envs", "2", "--backends", "DummyVecEnv", "EnvPool",
+                      "--no-footprint", "--no-latency", "--json", str(out), *TINY], capsys)
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert [p["backend"] for p in r["points"]] == ["DummyVecEnv"]
+    assert any(s.get("backend") == "EnvPool" and "its own envs" in s["reason"] for s in r["skipped"])
+
+
+def test_cli_plot_without_matplotlib_says_what_to_install(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--plot", "figs", "--quiet"])
+    assert e.value.code == 2
+    assert "shmvec[plot]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--envs", "NoSuchEnv"], "unknown benchmark env"),
+    (["--backends", "NoSuchVecEnv"], "unknown backend"),
+])
+def test_cli_rejects_unknown_names(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_list(capsys):
+    assert bench.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for name in B.REGISTRY:
+        assert name in out
+    assert "busy-200us" in out
+
+
+def test_presets_default_is_quick():
+    args = bench._parser().parse_args([])
+    config = bench.config_from_args(args)
+    assert config.envs == ["CartPole-v1"] and config.n_envs == [8, 64]
+    full = bench.config_from_args(bench._parser().parse_args(["--preset", "full", "--seconds", "1"]))
+    assert "image-84x84x4" in full.envs and "busy-200us" in full.envs and full.seconds == 1.0
+
+
+def test_progress_line_without_terminal():
+    stream = io.StringIO()
+    p = bench.Progress(4, stream=stream)
+    p.advance("one")
+    p.advance("two")
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("[  1/4]  25%") and lines[1].endswith("two")
+
+
+def test_remote_helper_failure_carries_its_stderr():
+    with pytest.raises(RemoteError, match="unknown backend"):
+        RemoteBackend(sys.executable, "NoSuchVecEnv", B.BuildSpec("CartPole-v1", 1, 1))
+
+
+def test_remote_helper_serves_chunks():
+    with RemoteBackend(sys.executable, "SyncVectorEnv", B.BuildSpec("CartPole-v1", 2, 1)) as r:
+        assert r.ready["startup_s"] > 0 and r.workers == 1
+        assert r.chunk(0.05) > 0
+        assert len(r.latency_us(5)) == 5
+
+
+def test_puffer_workers_leave_a_core_to_the_busy_waiting_main_process():
+    assert B.puffer_workers(2, 64, n_cores=2) == 1
+    assert B.puffer_workers(8, 64, n_cores=8) == 4  # 7 does not divide 64
+    assert B.puffer_workers(4, 6, n_cores=16) == 3
+    assert B.puffer_workers(2, 1, n_cores=1) == 1
+
+
+def test_action_batches_drawn_beforehand():
+    handle = B.build("DummyVecEnv", B.BuildSpec("CartPole-v1", 3, 1))
+    try:
+        actions = handle.sample_actions(ACTION_BATCHES)
+        assert len(actions) == ACTION_BATCHES and all(a.shape == (3,) for a in actions)
+        assert len({a.tobytes() for a in actions}) > 1  # random, not one batch repeated
+    finally:
+        handle.close()
+
+
+def test_side_by_side_drops_a_failing_stepper():
+    class Broken:
+        def chunk(self, seconds):
+            raise RuntimeError("worker died")
+
+    class Fine:
+        def chunk(self, seconds):
+            return 10.0
+
+    errors = []
+    rounds = side_by_side({"ok": Fine(), "bad": Broken()}, 0.3, 3, on_error=lambda n, e: errors.append((n, str(e))))
+    assert rounds == {"ok": [10.0] * 3}
+    assert errors == [("bad", "worker died")]
+    with pytest.raises(RuntimeError):
+        side_by_side({"bad": Broken()}, 0.1, 1)
+
+
+def _build_fails(spec):
+    raise OSError("cannot start workers")
+
+
+def test_cli_backend_that_fails_to_build_is_a_note(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(B.REGISTRY, "Fails", B.Backend("Fails", "x", ("gymnasium",), _build_fails))
+    out = tmp_path / "r.json"
+    rc, cap = _run_cli(["--n-envs", "2", "--backends", "DummyVecEnv", "Fails", "--no-footprint", "--no-latency",
+                        "--json", str(out), *TINY], capsys)
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert [p["backend"] for p in r["points"]] == ["DummyVecEnv"]
+    assert any(s.get("backend") == "Fails" and "OSError: cannot start workers" in s["reason"] for s in r["skipped"])
+    assert "Fails (CartPole-v1 2): failed to build or step" in cap.out
+
+
+def test_cli_points_measure_only_the_pairs_given(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc, _ = _run_cli(["--points", "CartPole-v1:2", "busy-20us:1", "--backends", "DummyVecEnv", "ShmVecEnv",
+                      "--no-latency", "--no-footprint", "--json", str(out), *TINY], capsys)
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert sorted({(p["env"], p["n_envs"]) for p in r["points"]}) == [("CartPole-v1", 2), ("busy-20us", 1)]
+    assert set(r["bare"]) == {"CartPole-v1", "busy-20us"}
+    # start-up and memory default to the first env at its largest n_envs
+    config = bench.Config(points=["CartPole-v1:2", "busy-20us:1", "CartPole-v1:8"])
+    assert bench._footprint_points(config) == [("CartPole-v1", 8)]
+
+
+def test_preset_targets_and_bad_points(capsys):
+    config = bench.config_from_args(bench._parser().parse_args(["--preset", "targets"]))
+    assert config.points == ["CartPole-v1:64", "image-84x84x4:64", "busy-200us:16"]
+    # --n-envs replaces the preset's pairs
+    config = bench.config_from_args(bench._parser().parse_args(["--preset", "targets", "--n-envs", "4"]))
+    assert config.points is None and config.n_envs == [4]
+    with pytest.raises(SystemExit):
+        bench.main(["--points", "CartPole-v1"])
+    assert "not ENV:N" in capsys.readouterr().err

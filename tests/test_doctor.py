@@ -1,0 +1,137 @@
+"""``shmvec doctor``: each check's verdict on given inputs, and the command on this machine."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+
+import pytest
+
+from shmvec import doctor
+
+
+def test_cores_more_workers_than_cores_warns():
+    c = doctor.check_cores(workers=4, cores=2, load=0.0)
+    assert c.status == "warn" and "n_workers <= 2" in c.advice
+
+
+def test_cores_fit():
+    c = doctor.check_cores(workers=2, cores=2, load=0.5)
+    assert c.status == "ok" and "2 workers fit" in c.detail
+
+
+def test_cores_busy_machine_warns():
+    c = doctor.check_cores(workers=2, cores=2, load=7.0)
+    assert c.status == "warn" and "quiet machine" in c.advice
+
+
+def test_cores_single_core_warns():
+    c = doctor.check_cores(workers=None, cores=1, load=0.0)
+    assert c.status == "warn" and "DummyVecEnv" in c.advice
+
+
+def test_shm_roomy_directory_is_ok(tmp_path):
+    c = doctor.check_shm(needed_bytes=4096, directory=str(tmp_path))
+    assert c.status in ("ok", "warn")  # warn only if tmp_path's filesystem is small
+    assert c.data["free_bytes"] > 0 and c.data["needed_bytes"] == 4096
+
+
+def test_shm_not_enough_room_fails(tmp_path):
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    c = doctor.check_shm(needed_bytes=free + 2**30, directory=str(tmp_path))
+    assert c.status == "fail" and "--shm-size" in c.advice
+
+
+def test_shm_missing_directory_fails(tmp_path):
+    c = doctor.check_shm(directory=str(tmp_path / "nope"))
+    assert c.status == "fail" and "tmpfs" in c.advice
+
+
+def _dead_pid() -> int:
+    p = mp.get_context("fork").Process(target=int)
+    p.start()
+    p.join()
+    return p.pid
+
+
+def test_shm_stale_segments_are_found(tmp_path):
+    dead = _dead_pid()
+    (tmp_path / f"shmvec_{dead}_abcd").write_bytes(b"x")
+    (tmp_path / f"shmvec_{os.getpid()}_ef01").write_bytes(b"x")  # ours, alive: not stale
+    (tmp_path / "other_segment").write_bytes(b"x")
+    assert doctor.stale_segments(str(tmp_path)) == [f"shmvec_{dead}_abcd"]
+    c = doctor.check_shm(directory=str(tmp_path))
+    assert c.status == "warn" and f"rm {tmp_path}/shmvec_{dead}_abcd" in c.advice
+
+
+def test_start_method():
+    c = doctor.check_start_method()
+    assert c.status == "ok" and c.data["shmvec_default"] in ("forkserver", "spawn")
+    assert doctor.check_start_method("fork").status == "info"
+    assert doctor.check_start_method("spawn").status == "info"
+    assert doctor.check_start_method("no-such-method").status == "fail"
+
+
+def test_threads_too_many_warns():
+    c = doctor.check_threads({"OMP_NUM_THREADS": "64", "MKL_NUM_THREADS": "1"}, cores=2, workers=2)
+    assert c.status == "warn" and "OMP_NUM_THREADS=64" in c.detail and "MKL" not in c.detail
+
+
+def test_threads_unset_advises_for_other_vec_envs():
+    c = doctor.check_threads({}, cores=4, workers=3)
+    assert c.status == "ok" and "OMP_NUM_THREADS=1" in c.advice and "torch.set_num_threads(1)" in c.advice
+
+
+def test_predicted_speedup_and_envs_needed():
+    # A 1 us env with a 30 us round trip: DummyVecEnv wins at 8 envs on 2 workers.
+    assert doctor.predict_speedup(1e-6, 8, 2, 30e-6) < 1
+    # A 200 us env: nearly 2x on 2 workers.
+    assert doctor.predict_speedup(200e-6, 16, 2, 30e-6) > 1.9
+    need = doctor.envs_per_worker_needed(1e-6, 2, 30e-6)
+    assert doctor.predict_speedup(1e-6, 2 * need, 2, 30e-6) >= doctor.WORTH_IT
+    assert doctor.predict_speedup(1e-6, 2 * (need - 1), 2, 30e-6) < doctor.WORTH_IT
+    assert doctor.envs_per_worker_needed(1e-6, 1, 30e-6) is None
+
+
+def test_env_check_times_a_real_env():
+    c = doctor.check_env("busy-2000us", n_envs=4, workers=2, seconds=0.1)
+    assert c.data["step_us"] >= 2000  # the env burns 2 ms of CPU per step
+    assert c.data["roundtrip_us"] > 0
+    assert c.status == "ok"  # 2 ms per step dwarfs any round trip
+
+
+def test_env_check_cheap_env_on_one_worker_warns():
+    c = doctor.check_env("zero-cost", n_envs=4, workers=1, seconds=0.1)
+    assert c.status == "warn" and "DummyVecEnv" in c.advice and "at least 2 workers" in c.advice
+
+
+def test_diagnose_unbuildable_env_fails():
+    checks = doctor.diagnose(env="NoSuchEnv-v0", n_envs=2)
+    env = [c for c in checks if c.name == "env"]
+    assert env and env[0].status == "fail" and "NoSuchEnv-v0" in env[0].detail
+
+
+def test_cli_json(capsys):
+    rc = doctor.main(["--env", "CartPole-v1", "--n-envs", "4", "--workers", "2", "--json"])
+    checks = json.loads(capsys.readouterr().out)
+    assert [c["name"] for c in checks] == ["cores", "shm", "start-method", "threads", "env"]
+    assert rc == 0
+    shm = checks[1]
+    assert shm["data"]["needed_bytes"] > 0
+    assert checks[4]["data"]["predicted_speedup"] > 0
+
+
+def test_cli_measure_text(capsys):
+    rc = doctor.main(["--env", "busy-300us", "--n-envs", "4", "--workers", "2", "--measure"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert out.startswith("shmvec doctor:") and "measured" in out and "[" in out
+
+
+@pytest.mark.parametrize("env_id", ["Acrobot-v1"])
+def test_cli_measure_gymnasium_id(env_id, capsys):
+    assert doctor.main(["--env", env_id, "--n-envs", "2", "--measure", "--json"]) == 0
+    checks = json.loads(capsys.readouterr().out)
+    measured = checks[-1]["data"]["measured"]
+    assert measured["DummyVecEnv"] > 0 and measured["ShmVecEnv"] > 0

@@ -1,0 +1,47 @@
+"""Each script in examples/ runs to the end with a tiny setting (in a subprocess, as a user runs it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+HAVE_ATARI = all(importlib.util.find_spec(name) is not None for name in ("ale_py", "cv2"))
+
+
+def run_example(name: str, *args: str, timeout: float = 150.0) -> str:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{name} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_ppo_cartpole_many_envs():
+    out = run_example("ppo_cartpole_many_envs.py", "--n-envs", "4", "--n-workers", "2", "--steps", "256",
+                      "--n-steps", "16")
+    assert "DummyVecEnv  4 envs, 256 steps" in out
+    assert "ShmVecEnv    4 envs, 256 steps" in out
+    assert "same episodes and weights: True" in out
+
+
+@pytest.mark.parametrize("kind", ["frames", pytest.param("atari", marks=pytest.mark.skipif(
+    not HAVE_ATARI, reason="needs ale-py and OpenCV"))])
+def test_image_env(kind):
+    out = run_example("image_env.py", "--env", kind, "--n-envs", "2", "--steps", "32", "--n-steps", "16")
+    assert ("PongNoFrameskip-v4" if kind == "atari" else "SquareEnv") in out
+    assert "(84, 84, 4) uint8" in out if kind == "atari" else "(84, 84, 1) uint8" in out
+    assert "PPO CnnPolicy: 32 steps" in out
+
+
+def test_custom_registered_env_spawn():
+    out = run_example("custom_registered_env_spawn.py", "--n-envs", "4", "--steps", "256")
+    assert "4 x GridWalk-v0 (size 8) in 2 spawned workers" in out
+    assert "PPO, 256 steps" in out
