@@ -203,32 +203,16 @@ def env_step_seconds(env: str, seconds: float = 0.5) -> float:
 
 
 def _bare(env: str, seconds: float) -> float:
-    import time
-
     import gymnasium as gym
 
     from shmvec._bench.envs import EnvFactory, check_env_name
+    from shmvec._bench.measures import env_loop_sps
 
     try:
         e = EnvFactory(check_env_name(env))()
     except ValueError:
         e = gym.make(env)
-    try:
-        e.reset(seed=0)
-        e.action_space.seed(0)
-        actions = [e.action_space.sample() for _ in range(64)]
-        n, t0 = 0, time.perf_counter()
-        while True:
-            for a in actions:
-                _, _, term, trunc, _ = e.step(a)
-                if term or trunc:
-                    e.reset()
-            n += len(actions)
-            dt = time.perf_counter() - t0
-            if dt >= seconds:
-                return n / dt
-    finally:
-        e.close()
+    return env_loop_sps(e, seconds, n_actions=64)
 
 
 def shmvec_roundtrip_seconds(workers: int, steps: int = 300) -> float:

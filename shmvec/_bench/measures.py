@@ -36,12 +36,17 @@ def cores() -> int:
 
 def bare_loop_sps(env: str, seconds: float) -> float:
     """Steps/s of one env built by ``EnvFactory(env)`` and stepped in a plain Python loop."""
-    e = EnvFactory(env)()
-    e.reset(seed=0)
-    e.action_space.seed(0)
-    actions = [e.action_space.sample() for _ in range(512)]
-    n, t0 = 0, time.perf_counter()
+    return env_loop_sps(EnvFactory(env)(), seconds)
+
+
+def env_loop_sps(e: Any, seconds: float, n_actions: int = 512) -> float:
+    """Steps/s of the env ``e`` stepped for about ``seconds`` in a plain Python loop, with
+    ``n_actions`` random actions drawn beforehand; closes ``e``."""
     try:
+        e.reset(seed=0)
+        e.action_space.seed(0)
+        actions = [e.action_space.sample() for _ in range(n_actions)]
+        n, t0 = 0, time.perf_counter()
         while True:
             for a in actions:
                 _, _, term, trunc, _ = e.step(a)
