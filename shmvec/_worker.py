@@ -282,12 +282,17 @@ class _Worker:
         except BaseException:
             self.current = i
             raise
-        self.rew[start:self.stop] = rews
-        self.terminated[start:self.stop] = terms
-        self.truncated[start:self.stop] = truncs
-        if self.masks is not None:
-            self._write_masks(range(start, self.stop))
+        self._publish_slice(rews, terms, truncs)
         return items
+
+    def _publish_slice(self, rews: list, terms: list, truncs: list) -> None:
+        """The slice's rewards and flags in one write each, then its masks (both step bodies)."""
+        start, stop = self.start, self.stop
+        self.rew[start:stop] = rews
+        self.terminated[start:stop] = terms
+        self.truncated[start:stop] = truncs
+        if self.masks is not None:
+            self._write_masks(range(start, stop))
 
     def _write_masks(self, indices: Any) -> None:
         """Each env's action_masks() into the mask buffer (after its step/reset, see shmvec._masks)."""
@@ -323,11 +328,7 @@ class _Worker:
         except BaseException:
             self.current = i
             raise
-        self.rew[start:self.stop] = rews
-        self.terminated[start:self.stop] = terms
-        self.truncated[start:self.stop] = truncs
-        if self.masks is not None:
-            self._write_masks(range(start, self.stop))
+        self._publish_slice(rews, terms, truncs)
         return items
 
     def _reset(self) -> list:

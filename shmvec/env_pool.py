@@ -360,7 +360,7 @@ class ShmEnvPool:
     def _usable(self) -> _Engine:
         engine = self._engine
         if engine is None or self.closed:
-            raise ClosedVecEnvError("this ShmEnvPool is closed; build a new one")
+            raise ClosedVecEnvError(f"this {type(self).__name__} is closed; build a new one")
         engine._check_usable()
         return engine
 

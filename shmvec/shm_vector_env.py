@@ -282,7 +282,7 @@ class ShmVectorEnv(VectorEnv):
     def _usable(self) -> _Engine:
         engine = self._engine
         if engine is None or self.closed:
-            raise ClosedVecEnvError("this ShmVectorEnv is closed; build a new one")
+            raise ClosedVecEnvError(f"this {type(self).__name__} is closed; build a new one")
         engine._check_usable()
         return engine
 
