@@ -19,11 +19,12 @@ import json
 import time
 
 import gymnasium as gym
+import numpy as np
 import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnvWrapper
 
 from shmvec import ShmVecEnv
 from shmvec.bench import machine
@@ -41,6 +42,27 @@ class BusyStep(gym.Wrapper):
         while time.perf_counter() < end:
             pass
         return self.env.step(action)
+
+
+class StepTimer(VecEnvWrapper):
+    """Adds up the wall-clock time spent inside the vec env's step (step_async + step_wait)."""
+
+    def __init__(self, venv) -> None:
+        super().__init__(venv)
+        self.step_s = 0.0
+        self._start = 0.0
+
+    def reset(self):
+        return self.venv.reset()
+
+    def step_async(self, actions) -> None:
+        self._start = time.perf_counter()
+        self.venv.step_async(actions)
+
+    def step_wait(self):
+        out = self.venv.step_wait()
+        self.step_s += time.perf_counter() - self._start
+        return out
 
 
 class RolloutTimer(BaseCallback):
@@ -70,6 +92,7 @@ def run(cls, n_envs: int, args: argparse.Namespace) -> dict:
     env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=0, vec_env_cls=cls, wrapper_class=wrapper,
                        vec_env_kwargs=kwargs)
     startup = time.perf_counter() - start
+    env = StepTimer(env)
     try:
         model = PPO("MlpPolicy", env, n_steps=args.n_steps, batch_size=max(64, n_envs * args.n_steps // 4),
                     n_epochs=args.n_epochs, learning_rate=1e-3, seed=0, policy_kwargs={"net_arch": [64, 64]})
@@ -81,6 +104,7 @@ def run(cls, n_envs: int, args: argparse.Namespace) -> dict:
         env.close()
     return {"backend": cls.__name__, "n_envs": n_envs, "steps": model.num_timesteps, "startup_s": startup,
             "total_s": total, "rollout_s": timer.rollout_s, "update_s": total - timer.rollout_s,
+            "env_step_s": env.step_s, "policy_s": timer.rollout_s - env.step_s,
             "episodes": [(ep["r"], ep["l"]) for ep in model.ep_info_buffer],
             "params": [p.detach().clone() for p in model.policy.parameters()]}
 
@@ -95,30 +119,50 @@ def main() -> None:
     parser.add_argument("--n-workers", type=int, default=None)
     parser.add_argument("--spin-us", type=float, default=None,
                         help="ShmVecEnv spin_us (default: its own); 0 makes waiting workers sleep at once")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each backend, alternating (the summary gives medians)")
     parser.add_argument("--subproc", action="store_true", help="also time SubprocVecEnv (slow at many envs)")
     parser.add_argument("--json", help="write the results to this file")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"machine: {machine()}; torch threads 1; PPO n_steps={args.n_steps} n_epochs={args.n_epochs}, "
-          f"{args.steps} steps, busy_us={args.busy_us}")
-    print(f"{'backend':14s} {'n_envs':>6s} {'total s':>8s} {'rollout s':>9s} {'update s':>8s} {'steps/s':>9s} "
-          f"{'x Dummy':>8s}  same as Dummy")
+          f"{args.steps} steps, busy_us={args.busy_us}, {args.repeat} alternating runs per backend")
+    header = (f"{'backend':14s} {'n_envs':>6s} {'total s':>8s} {'rollout s':>9s} {'env step s':>10s} "
+              f"{'policy s':>8s} {'update s':>8s} {'x Dummy':>8s}")
+    print(header + "  same as Dummy")
     rows = []
+    summary = []
     for n_envs in args.n_envs:
         backends = [DummyVecEnv, ShmVecEnv] + ([SubprocVecEnv] if args.subproc else [])
-        ref = None
-        for cls in backends:
-            r = run(cls, n_envs, args)
-            if ref is None:
-                ref = r
-            same = r["episodes"] == ref["episodes"] and all(
-                torch.equal(a, b) for a, b in zip(r["params"], ref["params"]))
-            print(f"{r['backend']:14s} {n_envs:6d} {r['total_s']:8.2f} {r['rollout_s']:9.2f} {r['update_s']:8.2f} "
-                  f"{r['steps'] / r['total_s']:9,.0f} {ref['total_s'] / r['total_s']:8.2f}  {same}")
-            rows.append({k: v for k, v in r.items() if k not in ("params", "episodes")} | {"same_as_dummy": same})
+        runs: dict[str, list[dict]] = {cls.__name__: [] for cls in backends}
+        for _ in range(args.repeat):
+            ref = None
+            for cls in backends:
+                r = run(cls, n_envs, args)
+                if ref is None:
+                    ref = r
+                same = r["episodes"] == ref["episodes"] and all(
+                    torch.equal(a, b) for a, b in zip(r["params"], ref["params"]))
+                r["x_dummy"] = ref["total_s"] / r["total_s"]
+                print(f"{r['backend']:14s} {n_envs:6d} {r['total_s']:8.2f} {r['rollout_s']:9.2f} "
+                      f"{r['env_step_s']:10.2f} {r['policy_s']:8.2f} {r['update_s']:8.2f} {r['x_dummy']:8.2f}  {same}")
+                row = {k: v for k, v in r.items() if k not in ("params", "episodes")} | {"same_as_dummy": same}
+                rows.append(row)
+                runs[r["backend"]].append(row)
+        for name, rs in runs.items():
+            med = {k: float(np.median([x[k] for x in rs])) for k in
+                   ("total_s", "rollout_s", "env_step_s", "policy_s", "update_s", "x_dummy")}
+            summary.append({"backend": name, "n_envs": n_envs} | med |
+                           {"x_dummy_min": min(x["x_dummy"] for x in rs), "x_dummy_max": max(x["x_dummy"] for x in rs)})
+    print(f"\nMedians of {args.repeat} runs (x Dummy: the median of the per-run ratios, min..max)")
+    print(header)
+    for m in summary:
+        print(f"{m['backend']:14s} {m['n_envs']:6d} {m['total_s']:8.2f} {m['rollout_s']:9.2f} {m['env_step_s']:10.2f} "
+              f"{m['policy_s']:8.2f} {m['update_s']:8.2f} {m['x_dummy']:8.2f}  "
+              f"({m['x_dummy_min']:.2f}..{m['x_dummy_max']:.2f})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "args": vars(args), "rows": rows}, f, indent=2)
+            json.dump({"machine": machine(), "args": vars(args), "rows": rows, "summary": summary}, f, indent=2)
     if not all(row["same_as_dummy"] for row in rows):
         raise SystemExit("a run differs from DummyVecEnv's: please report it as a shmvec bug")
 
