@@ -65,6 +65,11 @@ __all__ = ["RayShmVecEnv", "RayActorDiedError", "TooManyRestartsError", "WorkerR
 
 _BROKEN_HINT = "The vec env cannot go on: call close() and build a new one."
 _CALL_HINT = "The vec env is still usable."
+_RESTARTED_HINT = (
+    "on_failure='restart' replaced it: a new actor built and reset its envs, whose next step_wait() reports their "
+    "episodes as truncated (info['shmvec_restarted']). The call was not retried (its effect cannot be replayed "
+    "safely on new envs): call it again if you need it. The vec env is still usable."
+)
 # Bounds of close(): each actor's own ShmVecEnv.close() (which itself waits up to 5 s per
 # worker), then ray.kill.
 _CLOSE_TIMEOUT_S = 15.0
@@ -230,6 +235,7 @@ class _RayActorGroup:
     _broken: BaseException | None = None
     _actors: list = []
     _pending: list = []
+    _restarted: dict = {}  # actor -> (reason, reset obs, reset infos): replaced during a rare call
 
     def _launch(self, env_fns: Sequence[Callable[[], gym.Env]], n_actors: int | None,
                 envs_per_actor: Sequence[int] | None, num_cpus_per_actor: float, placement_group: Any,
@@ -443,8 +449,25 @@ class _RayActorGroup:
         """One result per actor (``actors``: their indices), or the error that says what failed."""
         results, failures = self._collect(refs, command, broken)
         if failures:
-            self._raise_failures(failures, list(range(len(refs))) if actors is None else actors, command, broken)
+            actors = list(range(len(refs))) if actors is None else actors
+            restarted = not broken and self.on_failure == "restart" and self._restart_after_call(failures, actors,
+                                                                                                 command)
+            self._raise_failures(failures, actors, command, broken, restarted=restarted)
         return results
+
+    def _restart_after_call(self, failures: dict[int, BaseException], actors: list[int], command: str) -> bool:
+        """Replaces the actors that died (or hung) during a rare call; True if there were any.
+
+        Their envs are reset now; the next step reports them as truncated without stepping them
+        (the actions given for them were chosen for observations of the old envs).
+        """
+        failed = [(actors[p], e) for p, e in failures.items()
+                  if isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))]
+        for k, exc in failed:
+            reason = self._reason(k, exc, command)
+            obs, reset_infos = self._restart_actor(k, reason)  # raises (and breaks) past max_restarts
+            self._restarted[k] = (reason, obs, reset_infos)
+        return bool(failed)
 
     def _collect(self, refs: list, command: str, broken: bool) -> tuple[list[Any], dict[int, BaseException]]:
         """ray.get of one result per actor: (results, {position: Ray's exception}) for the failed ones.
@@ -482,10 +505,11 @@ class _RayActorGroup:
         return results, failures
 
     def _raise_failures(self, failures: dict[int, BaseException], actors: list[int], command: str,
-                        broken: bool) -> None:
+                        broken: bool, restarted: bool = False) -> None:
         """Raises the error that says most about ``failures`` ({position in actors: exception}).
 
         A dead actor first (it names the node), then an env's exception, then a timeout.
+        ``restarted``: the dead and late actors were replaced already (a rare call in restart mode).
         """
         hint = _BROKEN_HINT if broken else _CALL_HINT
         dead = [(actors[p], e) for p, e in failures.items() if isinstance(e, ray.exceptions.RayActorError)]
@@ -496,7 +520,7 @@ class _RayActorGroup:
                                         ray.exceptions.RayTaskError))]
         err: BaseException
         if dead:
-            err = self._died(dead, command)
+            err = self._died(dead, command, _RESTARTED_HINT if restarted else _BROKEN_HINT)
         elif env_errors:
             k, e = env_errors[0]
             err = self._located(_unwrap(e, hint), k)
@@ -504,13 +528,14 @@ class _RayActorGroup:
             envs = ", ".join(f"{self.slices[k].start}..{self.slices[k].stop - 1}" for k in late)
             err = WorkerTimeoutError(
                 f"{command}: actors {late} (envs {envs}) did not answer within {self._call_timeout:g} s. "
-                "An env may hang, or the cluster lacks the resources to place them (see `ray status`); "
-                "call close() (it kills them) and build a new vec env."
+                + (_RESTARTED_HINT if restarted else
+                   "An env may hang, or the cluster lacks the resources to place them (see `ray status`); "
+                   "call close() (it kills them) and build a new vec env.")
             )
         else:
             err = ShmVecEnvError(f"{command}: Ray failed: {type(others[0]).__name__}: {others[0]}. {hint}")
             err.__cause__ = others[0]
-        if broken or dead or late:
+        if broken or ((dead or late) and not restarted):
             self._broken = err
         if err.__cause__ is None:
             err.__suppress_context__ = True  # Ray's exception says nothing more than ours
@@ -577,7 +602,7 @@ class _RayActorGroup:
         )
         return exc
 
-    def _died(self, dead: list[tuple[int, BaseException]], command: str) -> RayActorDiedError:
+    def _died(self, dead: list[tuple[int, BaseException]], command: str, hint: str = _BROKEN_HINT) -> RayActorDiedError:
         lines = []
         for k, _ in dead:
             sl, info = self.slices[k], self.actor_info[k]
@@ -591,7 +616,7 @@ class _RayActorGroup:
             f"Ray actor died during {command}: " + "; ".join(lines) + ". "
             f"Ray says: {' / '.join(s.strip() for s in reason[:8])}. "
             "The node may have been lost, its process killed (the OOM killer, a native crash) or the actor "
-            "killed with ray.kill. " + _BROKEN_HINT,
+            "killed with ray.kill. " + hint,
             worker=k0, env_indices=self.slices[k0],
             node_id=info.get("node_id"), node_ip=info.get("node_ip"), pid=info.get("pid"),
         )
@@ -702,8 +727,46 @@ class RayShmVecEnv(_RayActorGroup, VecEnv):
         to the envs, not to actors: the same seeds give the same episodes however the envs are
         split.
         """
-        self._seeds, _ = F.per_env_seeds(seed, self.num_envs)
+        self._seeds, self._seed_arg = F.per_env_seeds(seed, self.num_envs)
         return self._seeds
+
+    def set_options(self, options: list[dict] | dict | None = None) -> None:
+        super().set_options(options)
+        self._options_arg = options
+
+    def describe(self) -> dict[str, Any]:
+        """This vec env as plain, JSON-serializable data, from which :meth:`from_description` rebuilds it,
+        on this cluster or another (as ``ShmVecEnv.describe``).
+
+        Holds each env's factory, ``n_envs``, every constructor option (``n_actors``,
+        ``envs_per_actor``, ``shm_kwargs``, ``on_failure``, ...) and the last ``seed()`` and
+        ``set_options()`` arguments.  Placement given as ``n_actors`` or by default (one actor
+        per node) carries over to another cluster; a ``placement_group`` is an object of this
+        cluster and cannot be described: rebuild with ``from_description(d, placement_group=pg)``
+        after describing a vec env built with ``n_actors``.
+
+        :raises DescriptionError: a factory or an option (``placement_group``,
+            ``actor_options`` holding objects) is not plain data; the message names which.
+        """
+        shm = self._config.get("shm_kwargs") or {}
+        description = F.describe_vec_env(
+            self._descriptions, self._config, n_envs=self.num_envs,
+            n_workers=sum(info.get("n_workers", 0) for info in self.actor_info),
+            start_method=shm.get("start_method", "forkserver"), seed=self._seed_arg, options=self._options_arg)
+        description["vec_env"] = "shmvec.ray.RayShmVecEnv"
+        return description
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any], **overrides: Any) -> RayShmVecEnv:
+        """Builds the vec env that :meth:`describe` described, on the cluster ``ray.init`` connected to.
+
+        ``overrides`` replace constructor options (``n_actors``, ``num_cpus_per_actor``,
+        ``placement_group``, ...), for a cluster of another shape.  The seeds and reset options
+        of the description are set for the first ``reset()``.
+
+        :raises DescriptionError: the description is not one of ours.
+        """
+        return F.rebuild(description, cls, **overrides)
 
     def reset(self) -> VecEnvObs:
         """Resets every env with the seeds from ``seed()`` and options from ``set_options()`` (used once).
@@ -725,6 +788,7 @@ class RayShmVecEnv(_RayActorGroup, VecEnv):
                 obs, infos = self._restart_actor(k, reason, *args[k])
                 results[k] = (obs, [dict(info, **{RESTART_INFO_KEY: reason}) for info in infos])
         self.reset_infos = [info for _, infos in results for info in infos]
+        self._restarted = {}  # every env was reset just now
         self._reset_seeds()
         self._reset_options()
         self._last_obs = [obs for obs, _ in results]
@@ -740,7 +804,9 @@ class RayShmVecEnv(_RayActorGroup, VecEnv):
         if self.waiting:
             raise AlreadyPendingCallError("step_async() called twice: call step_wait() before the next step_async()")
         parts = _split_actions(self._act_space, actions, self.num_envs, self.slices)
-        self._pending = [a.step.remote(p) for a, p in zip(self._actors, parts)]
+        # An actor replaced during a rare call is not stepped: its envs' episodes end here.
+        self._pending = [ray.put(None) if k in self._restarted else a.step.remote(p)
+                         for k, (a, p) in enumerate(zip(self._actors, parts))]
         self.waiting = True
 
     def step_wait(self) -> VecEnvStepReturn:
@@ -762,6 +828,9 @@ class RayShmVecEnv(_RayActorGroup, VecEnv):
                 self._raise_failures(failures, list(range(self.n_actors)), "step", broken=True)
             for k, exc in failures.items():
                 results[k] = self._restarted_step(k, self._reason(k, exc, "step"), results)
+        restarted, self._restarted = self._restarted, {}
+        for k, (reason, obs, reset_infos) in restarted.items():
+            results[k] = self._truncated(k, reason, obs, reset_infos, results)
         infos: list[dict[str, Any]] = []
         for sl, (_, _, dones, payload) in zip(self.slices, results):
             start = sl.start
@@ -811,6 +880,10 @@ class RayShmVecEnv(_RayActorGroup, VecEnv):
     def _restarted_step(self, k: int, reason: str, results: list) -> tuple:
         """The step result of actor k's envs after a restart: truncated episodes."""
         obs, reset_infos = self._restart_actor(k, reason)
+        return self._truncated(k, reason, obs, reset_infos, results)
+
+    def _truncated(self, k: int, reason: str, obs: Any, reset_infos: list, results: list) -> tuple:
+        """Actor k's step result for envs that were replaced (new ones, reset): truncated episodes."""
         n = len(self.slices[k])
         last = self._last_obs[k] if self._last_obs[k] is not None else obs  # stepped before any reset
         extra = [(i, {_PLAIN_INFO_KEY: True, "terminal_observation": _take(last, i), RESTART_INFO_KEY: reason})
@@ -831,9 +904,11 @@ def row_infos(infos: dict[str, Any], n: int) -> list[dict[str, Any]]:
             continue
         mask = infos.get(f"_{key}")
         sub = row_infos(value, n) if isinstance(value, dict) else None
+        plain_bool = sub is None and isinstance(value, np.ndarray) and value.dtype == np.bool_
         for k in range(n):
             if mask is None or mask[k]:
-                out[k][key] = sub[k] if sub is not None else value[k]
+                # a bool goes back as bool: _add_info batches np.bool_ into an object array
+                out[k][key] = sub[k] if sub is not None else bool(value[k]) if plain_bool else value[k]
     return out
 
 
