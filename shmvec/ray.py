@@ -20,6 +20,10 @@ exception arrives as its own type, as with ShmVecEnv.  Either way ``close()`` st
 everything.  With ``on_failure="restart"`` (the option of the same name of ShmVecEnv, same
 semantics) a failed actor is replaced by a new one instead, and its envs report the step as
 the end of a truncated episode (``info["shmvec_restarted"]`` says why).
+
+``describe()``/``from_description()`` turn a RayShmVecEnv into plain data and back, as for
+ShmVecEnv, so a run can be rebuilt on another cluster.  The asynchronous pool over the same
+actors is :class:`shmvec.ray_pool.RayShmEnvPool` (and its SB3 face ``RayShmVecEnvPool``).
 """
 
 from __future__ import annotations
@@ -675,9 +679,15 @@ class RayShmVecEnv(_RayActorGroup, VecEnv):
         observation returned for that env, ``info["shmvec_restarted"]`` a string saying what
         failed, and the reset observation as the observation.  After a failed ``reset()`` the
         flag is in ``reset_infos``.  Each restart warns (:class:`WorkerRestartWarning`).  A
-        failure while restarting raises, as does a failure during ``get_attr``/``env_method``
-        and the like.  Failures of single workers inside an actor are the actor's
-        ShmVecEnv's to handle: pass ``shm_kwargs={"on_failure": "restart"}`` for that.
+        failure while restarting raises.  An actor that dies (or hangs past ``timeout``) during
+        ``get_attr``/``set_attr``/``env_method`` and the like is replaced too, but the call
+        raises (:class:`RayActorDiedError`, saying so): it is not retried, as its effect cannot
+        be replayed safely on new envs (ShmVecEnv raises for the same reason); the vec env
+        stays usable, and its next ``step_wait`` reports that actor's envs as truncated
+        episodes without stepping them (the actions given for them were chosen for the old
+        envs).  An env raising in such a call raises as itself and breaks nothing.  Failures
+        of single workers inside an actor are the actor's ShmVecEnv's to handle: pass
+        ``shm_kwargs={"on_failure": "restart"}`` for that.
     :param max_restarts: with ``"restart"``, how many actor restarts this vec env may do in
         all; the next failure raises :class:`TooManyRestartsError` (None: no limit).
 
