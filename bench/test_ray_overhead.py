@@ -10,7 +10,10 @@ and every configuration shares the same cores:
   work as ``local`` plus one Ray actor call per step;
 - ``ray-2x32``: two actors, one per node of a two-node ``ray.cluster_utils.Cluster``, each a
   ShmVecEnv of 32 envs with 1 worker: the layout of a two-machine run (two calls per step, in
-  parallel), squeezed onto the same cores.
+  parallel), squeezed onto the same cores;
+- ``ray-pool-2x32``: the pool mode on that layout, ``RayShmVecEnvPool`` with ``batch_size=32``:
+  each step returns the 32 envs of whichever actor answered first while the other actor steps
+  (steps/s count rows returned).
 
 ``pytest bench/test_ray_overhead.py`` times 100 vec steps per configuration with
 pytest-benchmark.  ``python bench/test_ray_overhead.py [--seconds S]`` measures the three side
@@ -35,7 +38,7 @@ from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
 
 N_ENVS = 64
 STEPS = 100
-CONFIGS = ("local", "ray-1x64", "ray-2x32")
+CONFIGS = ("local", "ray-1x64", "ray-2x32", "ray-pool-2x32")
 
 
 class Stepper:
@@ -74,10 +77,10 @@ def measure_side_by_side(venvs: dict, seconds: float, rounds: int) -> dict[str, 
 
 
 def start_cluster() -> Cluster:
-    """Two nodes of 3 logical CPUs on this machine (room for both Ray layouts at once: the
+    """Two nodes of 4 logical CPUs on this machine (room for all Ray layouts at once: the
     side-by-side run keeps them all alive), and the driver connected to them."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "include_dashboard": False})
-    cluster.add_node(num_cpus=3)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
+    cluster.add_node(num_cpus=4)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
     return cluster
@@ -96,6 +99,11 @@ def make_config(config: str):
     if config == "local":
         return make_vec_env("CartPole-v1", n_envs=N_ENVS, seed=0, vec_env_cls=ShmVecEnv,
                             vec_env_kwargs={"start_method": "forkserver", "n_workers": 2})
+    if config == "ray-pool-2x32":
+        from shmvec.ray_pool import RayShmVecEnvPool
+
+        return make_vec_env("CartPole-v1", n_envs=N_ENVS, seed=0, vec_env_cls=RayShmVecEnvPool,
+                            vec_env_kwargs={"batch_size": N_ENVS // 2, "num_cpus_per_actor": 1})
     if config == "ray-1x64":
         kwargs = {"n_actors": 1, "num_cpus_per_actor": 2}
     elif config == "ray-2x32":
@@ -119,7 +127,7 @@ def test_cartpole_64_through_ray(benchmark, cluster, config):
     venv = make_config(config)
     try:
         stepper = Stepper(venv)
-        benchmark.extra_info["env_steps_per_round"] = STEPS * N_ENVS
+        benchmark.extra_info["env_steps_per_round"] = STEPS * venv.num_envs
         benchmark.pedantic(stepper.steps, args=(STEPS,), rounds=10, iterations=1)
     finally:
         venv.close()
@@ -143,10 +151,10 @@ def main(argv: list[str] | None = None) -> int:
             v.close()
         stop_cluster(cluster)
     ref = per_round["local"]
-    print(f"{'config':<10}{'steps/s':>12}{'x local':>9}")
+    print(f"{'config':<15}{'steps/s':>12}{'x local':>9}")
     for config, figures in per_round.items():
         ratio = float(np.median([f / r for f, r in zip(figures, ref)]))
-        print(f"{config:<10}{np.median(figures):>12,.0f}{ratio:>9.2f}")
+        print(f"{config:<15}{np.median(figures):>12,.0f}{ratio:>9.2f}")
     return 0
 
 

@@ -20,6 +20,10 @@ exception arrives as its own type, as with ShmVecEnv.  Either way ``close()`` st
 everything.  With ``on_failure="restart"`` (the option of the same name of ShmVecEnv, same
 semantics) a failed actor is replaced by a new one instead, and its envs report the step as
 the end of a truncated episode (``info["shmvec_restarted"]`` says why).
+
+``describe()``/``from_description()`` turn a RayShmVecEnv into plain data and back, as for
+ShmVecEnv, so a run can be rebuilt on another cluster.  The asynchronous pool over the same
+actors is :class:`shmvec.ray_pool.RayShmEnvPool` (and its SB3 face ``RayShmVecEnvPool``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import os
 import pickle
 import time
 import traceback
+import types
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -64,6 +69,11 @@ __all__ = ["RayShmVecEnv", "RayActorDiedError", "TooManyRestartsError", "WorkerR
 
 _BROKEN_HINT = "The vec env cannot go on: call close() and build a new one."
 _CALL_HINT = "The vec env is still usable."
+_RESTARTED_HINT = (
+    "on_failure='restart' replaced it: a new actor built and reset its envs, whose next step_wait() reports their "
+    "episodes as truncated (info['shmvec_restarted']). The call was not retried (its effect cannot be replayed "
+    "safely on new envs): call it again if you need it. The vec env is still usable."
+)
 # Bounds of close(): each actor's own ShmVecEnv.close() (which itself waits up to 5 s per
 # worker), then ray.kill.
 _CLOSE_TIMEOUT_S = 15.0
@@ -115,9 +125,9 @@ class _ShmVecActor:
         self.venv: Any = None
 
     @_keeps_traceback
-    def start(self, env_fns_bytes: bytes, shm_kwargs: dict[str, Any]) -> dict[str, Any]:
-        from shmvec.shm_vec_env import ShmVecEnv
-
+    def start(self, env_fns_bytes: bytes, shm_kwargs: dict[str, Any],
+              pool_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Builds the envs: a ShmVecEnv, or a ShmEnvPool given ``pool_kwargs`` (batch size, autoreset)."""
         try:
             env_fns = cloudpickle.loads(env_fns_bytes)
         except ImportError as exc:
@@ -125,11 +135,21 @@ class _ShmVecActor:
                 f"{exc}: the env factories refer to a module this node cannot import. Install it on every node, "
                 "or ship it with ray.init(runtime_env={'py_modules': [...]} or {'working_dir': ...})."
             ) from exc
-        self.venv = ShmVecEnv(env_fns, **shm_kwargs)
+        if pool_kwargs is None:
+            from shmvec.shm_vec_env import ShmVecEnv
+
+            self.venv = ShmVecEnv(env_fns, **shm_kwargs)
+            spaces_of = self.venv
+        else:
+            from shmvec.env_pool import ShmEnvPool
+
+            self.venv = ShmEnvPool(env_fns, **pool_kwargs, **shm_kwargs)
+            spaces_of = types.SimpleNamespace(observation_space=self.venv.single_observation_space,
+                                              action_space=self.venv.single_action_space)
         ctx = ray.get_runtime_context()
         return {
-            "observation_space": self.venv.observation_space,
-            "action_space": self.venv.action_space,
+            "observation_space": spaces_of.observation_space,
+            "action_space": spaces_of.action_space,
             "render_mode": self.venv.render_mode,
             "metadata": self.venv.metadata,
             "node_id": ctx.get_node_id(),
@@ -170,6 +190,35 @@ class _ShmVecActor:
             return venv.env_method(name, *margs, indices=local_indices, **mkwargs)
         return getattr(venv, method)(*args, indices=local_indices, **kwargs)
 
+    # ---- pool mode (the engine is a ShmEnvPool; see shmvec.ray_pool) --------------------------------
+    @_keeps_traceback
+    def pool_reset(self, seeds: list, options: dict[str, Any] | None) -> tuple:
+        """Resets every env of the slice; returns the first local batch."""
+        self.venv.async_reset(seed=list(seeds), options=options)
+        return self._pool_batch()
+
+    @_keeps_traceback
+    def pool_send(self, actions: Any, local_ids: np.ndarray, recv: bool) -> tuple | None:
+        """Sends actions to local envs; with ``recv``, then waits for the next local batch."""
+        self.venv.send(actions, local_ids)
+        return self._pool_batch() if recv else None
+
+    @_keeps_traceback
+    def pool_recv(self) -> tuple:
+        return self._pool_batch()
+
+    @_keeps_traceback
+    def pool_call(self, name: str, args: tuple, kwargs: dict) -> Any:
+        return getattr(self.venv, name)(*args, **kwargs)
+
+    def _pool_batch(self) -> tuple:
+        """The next local batch as (local ids, obs, rewards, terminated, truncated, pickled row infos)."""
+        obs, rewards, terminated, truncated, infos = self.venv.recv()
+        ids = infos["env_id"]
+        rows = [(k, info) for k, info in enumerate(row_infos(infos, len(ids))) if info]
+        payload = pickle.dumps(rows, protocol=5) if rows else b""
+        return ids, obs, rewards, terminated, truncated, payload
+
     @_keeps_traceback
     def close(self) -> None:
         venv, self.venv = self.venv, None
@@ -177,60 +226,11 @@ class _ShmVecActor:
             venv.close()
 
 
-class RayShmVecEnv(VecEnv):
-    """A vectorized environment spread over Ray actors, each running a local ShmVecEnv.
+class _RayActorGroup:
+    """Ray actors, each running a local shmvec engine over one contiguous slice of the envs.
 
-    Call ``ray.init(...)`` first (``ray.init(address="auto")`` on a cluster; without it, Ray
-    starts a local one)::
-
-        env = RayShmVecEnv([lambda: gym.make("CartPole-v1")] * 256, num_cpus_per_actor=8)
-
-    Placement (pick one):
-
-    - default: one actor per alive node that has ``num_cpus_per_actor`` CPUs, pinned to it;
-    - ``n_actors=k``: k actors spread over the cluster (Ray's ``"SPREAD"`` strategy);
-    - ``placement_group=pg``: one actor per bundle of a placement group you created (ready).
-
-    :param env_fns: callables that each build a new ``gymnasium.Env``, as for ShmVecEnv.  They are
-        sent to other machines: the modules they refer to must be importable there (install them,
-        or ship them with ``ray.init(runtime_env=...)``).
-    :param n_actors: number of actors, spread over the cluster (None: one per node).
-    :param envs_per_actor: how many envs each actor runs, in order (default: an even split).
-    :param num_cpus_per_actor: CPUs each actor reserves from Ray; also the default ``n_workers``
-        of its ShmVecEnv (at least 1, at most its envs).
-    :param placement_group: a placement group; one actor per bundle (overrides ``n_actors``).
-    :param actor_options: more ``.options(...)`` for every actor (``resources``,
-        ``runtime_env``, ``memory``, ...).
-    :param shm_kwargs: keyword arguments of each actor's ShmVecEnv (``n_workers``,
-        ``start_method``, ``timeout``, ...).  The start method defaults to ``"forkserver"``;
-        ``"fork"`` is refused (a Ray worker runs threads that fork would copy in an unknown
-        state).  ``copy`` defaults to False there (Ray copies the result anyway); ``reset`` and
-        ``step_wait`` of this class always return arrays of their own.
-    :param timeout: seconds to wait for the actors on any command before raising
-        ``WorkerTimeoutError`` (None: as long as they are alive; Ray reports dead ones).
-    :param start_timeout: seconds to wait for the actors to be placed and their envs built;
-        a cluster without the resources asked for never places them.
-    :param on_failure: what a failed actor (it died, its node was lost, an env raised in
-        ``step``/``reset``, or it did not answer within ``timeout``) does to the vec env.
-        ``"raise"`` (default): the call raises (:class:`RayActorDiedError` for a dead actor,
-        the env's own exception, ``WorkerTimeoutError``) and the vec env is broken: close it.
-        ``"restart"``: the actor is killed and a new one builds the same envs from the same
-        factories (on another node if its node is gone) and resets them; ``step_wait``
-        reports each of them as an episode ended by truncation: ``done`` True, reward 0,
-        ``info["TimeLimit.truncated"]`` True, ``info["terminal_observation"]`` the last
-        observation returned for that env, ``info["shmvec_restarted"]`` a string saying what
-        failed, and the reset observation as the observation.  After a failed ``reset()`` the
-        flag is in ``reset_infos``.  Each restart warns (:class:`WorkerRestartWarning`).  A
-        failure while restarting raises, as does a failure during ``get_attr``/``env_method``
-        and the like.  Failures of single workers inside an actor are the actor's
-        ShmVecEnv's to handle: pass ``shm_kwargs={"on_failure": "restart"}`` for that.
-    :param max_restarts: with ``"restart"``, how many actor restarts this vec env may do in
-        all; the next failure raises :class:`TooManyRestartsError` (None: no limit).
-
-    :raises TypeError: an env factory is not callable or cannot be pickled.
-    :raises SpaceError: the actors' envs have different spaces.
-    :raises WorkerTimeoutError: the actors were not up within ``start_timeout``.
-    :raises RayActorDiedError: an actor died while starting.
+    What RayShmVecEnv and :class:`shmvec.ray_pool.RayShmEnvPool` share: placement, start,
+    index mapping, failures (RayActorDiedError, env exceptions, timeouts), restarts, close.
     """
 
     # Class-level defaults: close() and __del__ are safe on a half-built object.
@@ -239,26 +239,22 @@ class RayShmVecEnv(VecEnv):
     _broken: BaseException | None = None
     _actors: list = []
     _pending: list = []
+    _restarted: dict = {}  # actor -> (reason, reset obs, reset infos): replaced during a rare call
 
-    def __init__(
-        self,
-        env_fns: Sequence[Callable[[], gym.Env]],
-        n_actors: int | None = None,
-        *,
-        envs_per_actor: Sequence[int] | None = None,
-        num_cpus_per_actor: float = 1,
-        placement_group: Any = None,
-        actor_options: dict[str, Any] | None = None,
-        shm_kwargs: dict[str, Any] | None = None,
-        timeout: float | None = None,
-        start_timeout: float | None = 120.0,
-        on_failure: str = "raise",
-        max_restarts: int | None = 100,
-    ) -> None:
+    def _launch(self, env_fns: Sequence[Callable[[], gym.Env]], n_actors: int | None,
+                envs_per_actor: Sequence[int] | None, num_cpus_per_actor: float, placement_group: Any,
+                actor_options: dict[str, Any] | None, shm_kwargs: dict[str, Any] | None, timeout: float | None,
+                start_timeout: float | None, on_failure: str, max_restarts: int | None,
+                pool_kwargs: Callable[[list[range]], list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+        """Places the actors and starts their engines; returns actor 0's hello (spaces, metadata).
+
+        ``pool_kwargs`` (for a pool): given the slices, each actor's ShmEnvPool options;
+        without it each actor runs a ShmVecEnv.
+        """
         env_fns = list(env_fns)
         n_envs = len(env_fns)
         if n_envs == 0:
-            raise ValueError("RayShmVecEnv needs at least one env factory")
+            raise ValueError(f"{type(self).__name__} needs at least one env factory")
         F.check_factories(env_fns)
         if on_failure not in ON_FAILURE:
             raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {on_failure!r}")
@@ -266,9 +262,6 @@ class RayShmVecEnv(VecEnv):
             raise ValueError(f"timeout must be positive or None, got {timeout}")
         shm_kwargs = dict(shm_kwargs or {})
         shm_kwargs.setdefault("start_method", "forkserver")
-        # Views are safe here: Ray serializes a method's result as it returns, before the next
-        # step can overwrite the buffers; the driver's concatenation makes arrays of its own.
-        shm_kwargs.setdefault("copy", False)
         if shm_kwargs["start_method"] == "fork":
             raise ValueError(
                 "shm_kwargs start_method='fork' is refused inside Ray actors (their gRPC threads would be forked "
@@ -305,15 +298,15 @@ class RayShmVecEnv(VecEnv):
         options.setdefault("max_restarts", 0)  # restarts are ours: Ray's would lose the envs' state silently
         self._actor_opts = [dict(options, num_cpus=cpus[k], scheduling_strategy=strategies[k])
                             for k in range(n_actors)]
+        pool_args = pool_kwargs(self.slices) if pool_kwargs is not None else [None] * n_actors
         self._start_args = []
         for k, sl in enumerate(self.slices):
             kwargs = dict(shm_kwargs)
             kwargs.setdefault("n_workers", max(1, min(len(sl), int(cpus[k]) or 1)))
-            self._start_args.append((F.pickle_factories(env_fns, sl), kwargs))
+            self._start_args.append((F.pickle_factories(env_fns, sl), kwargs, pool_args[k]))
         self.closed = False
         self._actors = []
         self.actor_info: list[dict[str, Any]] = [{} for _ in range(n_actors)]
-        self._last_obs: list[Any] = [None] * n_actors
         try:
             self._actors = [self._remote_cls.options(**opts).remote() for opts in self._actor_opts]
             starts_refs = [a.start.remote(*args) for a, args in zip(self._actors, self._start_args)]
@@ -325,6 +318,7 @@ class RayShmVecEnv(VecEnv):
             raise
         self.actor_info = [_where(h, sl) for h, sl in zip(hellos, self.slices)]
         first = hellos[0]
+        self._spaces = {name: first[name] for name in ("observation_space", "action_space")}
         for k, h in enumerate(hellos[1:], start=1):
             for name in ("observation_space", "action_space"):
                 if h[name] != first[name]:
@@ -333,12 +327,8 @@ class RayShmVecEnv(VecEnv):
                         f"env {self.slices[k].start} (actor {k}) has {name} {h[name]}, env 0 has {first[name]}: "
                         "all envs of a vec env must share their spaces."
                     )
-        self._concat_obs = _concatenator(first["observation_space"])
-        self._act_space = first["action_space"]
-        super().__init__(n_envs, first["observation_space"], first["action_space"])
-        self.metadata = first["metadata"]
+        return first
 
-    # ---- placement -------------------------------------------------------------------------------------
     @staticmethod
     def _placement(n_actors: int | None, placement_group: Any, num_cpus: float) -> tuple[list, list[float]]:
         """(scheduling strategy, CPUs) of each actor."""
@@ -356,91 +346,6 @@ class RayShmVecEnv(VecEnv):
             raise ValueError(f"no alive Ray node has {num_cpus} CPUs for an actor: lower num_cpus_per_actor")
         nodes.sort(key=lambda n: n["NodeID"])
         return [NodeAffinitySchedulingStrategy(n["NodeID"], soft=False) for n in nodes], [num_cpus] * len(nodes)
-
-    # ---- SB3 VecEnv API -----------------------------------------------------------------------------------
-    def seed(self, seed: int | Sequence[int | None] | np.random.SeedSequence | None = None) -> list[int | None]:
-        """Sets the seeds of the next ``reset()``, in the forms ``ShmVecEnv.seed`` takes (an int
-        ``s``: env i gets ``s + i``; one int per env; a ``numpy.random.SeedSequence``).  Seeds go
-        to the envs, not to actors: the same seeds give the same episodes however the envs are
-        split.
-        """
-        self._seeds, _ = F.per_env_seeds(seed, self.num_envs)
-        return self._seeds
-
-    def reset(self) -> VecEnvObs:
-        """Resets every env with the seeds from ``seed()`` and options from ``set_options()`` (used once).
-
-        :raises ClosedVecEnvError, BrokenVecEnvError, AlreadyPendingCallError: misuse.
-        :raises RayActorDiedError: an actor died.
-        """
-        self._check_usable()
-        if self.waiting:
-            raise AlreadyPendingCallError("reset() while a step is in flight: call step_wait() first")
-        args = [(self._seeds[sl.start:sl.stop], self._options[sl.start:sl.stop]) for sl in self.slices]
-        refs = [a.reset.remote(*a_args) for a, a_args in zip(self._actors, args)]
-        results, failures = self._collect(refs, "reset", broken=True)
-        if failures:
-            if self.on_failure != "restart":
-                self._raise_failures(failures, list(range(self.n_actors)), "reset", broken=True)
-            for k, exc in failures.items():
-                reason = self._reason(k, exc, "reset")
-                obs, infos = self._restart_actor(k, reason, *args[k])
-                results[k] = (obs, [dict(info, **{RESTART_INFO_KEY: reason}) for info in infos])
-        self.reset_infos = [info for _, infos in results for info in infos]
-        self._reset_seeds()
-        self._reset_options()
-        self._last_obs = [obs for obs, _ in results]
-        return self._concat_obs(self._last_obs)
-
-    def step_async(self, actions: np.ndarray) -> None:
-        """Sends each actor its share of ``actions`` and starts its step (all actors at once).
-
-        :raises ValueError: the actions do not fit the action space (shape, dtype).
-        :raises AlreadyPendingCallError: a step is already in flight.
-        """
-        self._check_usable()
-        if self.waiting:
-            raise AlreadyPendingCallError("step_async() called twice: call step_wait() before the next step_async()")
-        parts = _split_actions(self._act_space, actions, self.num_envs, self.slices)
-        self._pending = [a.step.remote(p) for a, p in zip(self._actors, parts)]
-        self.waiting = True
-
-    def step_wait(self) -> VecEnvStepReturn:
-        """Waits for every actor's step and returns (obs, rewards, dones, infos).
-
-        :raises NoAsyncCallError: no step is in flight.
-        :raises RayActorDiedError: an actor died; the original exception type if an env raised.
-        """
-        self._check_usable()
-        if not self.waiting:
-            raise NoAsyncCallError("step_wait() without a preceding step_async()")
-        refs, self._pending = self._pending, []
-        try:
-            results, failures = self._collect(refs, "step", broken=True)
-        finally:
-            self.waiting = False
-        if failures:
-            if self.on_failure != "restart":
-                self._raise_failures(failures, list(range(self.n_actors)), "step", broken=True)
-            for k, exc in failures.items():
-                results[k] = self._restarted_step(k, self._reason(k, exc, "step"), results)
-        infos: list[dict[str, Any]] = []
-        for sl, (_, _, dones, payload) in zip(self.slices, results):
-            start = sl.start
-            infos.extend({_PLAIN_INFO_KEY: False} for _ in sl)
-            for i in np.flatnonzero(dones).tolist():
-                self.reset_infos[start + i] = {}
-            if payload:
-                extra, resets = pickle.loads(payload) if isinstance(payload, bytes) else payload
-                for i, info in extra:
-                    infos[start + i] = info
-                for i, info in resets:
-                    self.reset_infos[start + i] = info
-        self._last_obs = [r[0] for r in results]
-        obs = self._concat_obs(self._last_obs)
-        rewards = np.concatenate([r[1] for r in results])
-        dones = np.concatenate([r[2] for r in results])
-        return obs, rewards, dones, infos
 
     def close(self) -> None:
         """Closes every actor's ShmVecEnv, then kills the actors.  Idempotent, bounded in time.
@@ -490,37 +395,13 @@ class RayShmVecEnv(VecEnv):
         except Exception:  # noqa: BLE001
             pass
 
-    def get_images(self) -> Sequence[np.ndarray | None]:
-        if self.render_mode != "rgb_array":
-            warnings.warn(
-                f"The render mode is {self.render_mode}, but this method assumes it is `rgb_array` to obtain images."
-            )
-            return [None for _ in range(self.num_envs)]
-        parts = self._broadcast("get_images", ())
-        return [img for part in parts for img in part]
-
-    def has_attr(self, attr_name: str) -> bool:
-        return all(self._broadcast("has_attr", (attr_name,)))
-
-    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
-        return self._indexed_call("get_attr", indices, (attr_name,))
-
-    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
-        self._indexed_call("set_attr", indices, (attr_name, value))
-
-    def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None, **method_kwargs) -> list[Any]:
-        return self._indexed_call("env_method", indices, (method_name, method_args, method_kwargs))
-
-    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
-        return self._indexed_call("env_is_wrapped", indices, (wrapper_class,))
-
-    # ---- internals --------------------------------------------------------------------------------------
     def _check_usable(self) -> None:
         if self.closed:
-            raise ClosedVecEnvError("this RayShmVecEnv is closed; build a new one")
+            raise ClosedVecEnvError(f"this {type(self).__name__} is closed; build a new one")
         if self._broken is not None:
             raise BrokenVecEnvError(
-                f"an earlier failure ({type(self._broken).__name__}: {self._broken}) left this RayShmVecEnv unusable; "
+                f"an earlier failure ({type(self._broken).__name__}: {self._broken}) left this {type(self).__name__} "
+                "unusable; "
                 "call close() and build a new one"
             ) from self._broken
 
@@ -572,8 +453,25 @@ class RayShmVecEnv(VecEnv):
         """One result per actor (``actors``: their indices), or the error that says what failed."""
         results, failures = self._collect(refs, command, broken)
         if failures:
-            self._raise_failures(failures, list(range(len(refs))) if actors is None else actors, command, broken)
+            actors = list(range(len(refs))) if actors is None else actors
+            restarted = not broken and self.on_failure == "restart" and self._restart_after_call(failures, actors,
+                                                                                                 command)
+            self._raise_failures(failures, actors, command, broken, restarted=restarted)
         return results
+
+    def _restart_after_call(self, failures: dict[int, BaseException], actors: list[int], command: str) -> bool:
+        """Replaces the actors that died (or hung) during a rare call; True if there were any.
+
+        Their envs are reset now; the next step reports them as truncated without stepping them
+        (the actions given for them were chosen for observations of the old envs).
+        """
+        failed = [(actors[p], e) for p, e in failures.items()
+                  if isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))]
+        for k, exc in failed:
+            reason = self._reason(k, exc, command)
+            obs, reset_infos = self._restart_actor(k, reason)  # raises (and breaks) past max_restarts
+            self._restarted[k] = (reason, obs, reset_infos)
+        return bool(failed)
 
     def _collect(self, refs: list, command: str, broken: bool) -> tuple[list[Any], dict[int, BaseException]]:
         """ray.get of one result per actor: (results, {position: Ray's exception}) for the failed ones.
@@ -611,10 +509,11 @@ class RayShmVecEnv(VecEnv):
         return results, failures
 
     def _raise_failures(self, failures: dict[int, BaseException], actors: list[int], command: str,
-                        broken: bool) -> None:
+                        broken: bool, restarted: bool = False) -> None:
         """Raises the error that says most about ``failures`` ({position in actors: exception}).
 
         A dead actor first (it names the node), then an env's exception, then a timeout.
+        ``restarted``: the dead and late actors were replaced already (a rare call in restart mode).
         """
         hint = _BROKEN_HINT if broken else _CALL_HINT
         dead = [(actors[p], e) for p, e in failures.items() if isinstance(e, ray.exceptions.RayActorError)]
@@ -625,7 +524,7 @@ class RayShmVecEnv(VecEnv):
                                         ray.exceptions.RayTaskError))]
         err: BaseException
         if dead:
-            err = self._died(dead, command)
+            err = self._died(dead, command, _RESTARTED_HINT if restarted else _BROKEN_HINT)
         elif env_errors:
             k, e = env_errors[0]
             err = self._located(_unwrap(e, hint), k)
@@ -633,19 +532,19 @@ class RayShmVecEnv(VecEnv):
             envs = ", ".join(f"{self.slices[k].start}..{self.slices[k].stop - 1}" for k in late)
             err = WorkerTimeoutError(
                 f"{command}: actors {late} (envs {envs}) did not answer within {self._call_timeout:g} s. "
-                "An env may hang, or the cluster lacks the resources to place them (see `ray status`); "
-                "call close() (it kills them) and build a new vec env."
+                + (_RESTARTED_HINT if restarted else
+                   "An env may hang, or the cluster lacks the resources to place them (see `ray status`); "
+                   "call close() (it kills them) and build a new vec env.")
             )
         else:
             err = ShmVecEnvError(f"{command}: Ray failed: {type(others[0]).__name__}: {others[0]}. {hint}")
             err.__cause__ = others[0]
-        if broken or dead or late:
+        if broken or ((dead or late) and not restarted):
             self._broken = err
         if err.__cause__ is None:
             err.__suppress_context__ = True  # Ray's exception says nothing more than ours
         raise err
 
-    # ---- restarts (on_failure="restart") ---------------------------------------------------------------
     def _reason(self, k: int, exc: BaseException, command: str) -> str:
         """What failed, in one line, for ``info["shmvec_restarted"]`` and the warning."""
         sl, info = self.slices[k], self.actor_info[k]
@@ -656,17 +555,6 @@ class RayShmVecEnv(VecEnv):
             return f"{where} did not answer {command} within {self._call_timeout:g} s"
         cause = getattr(exc, "cause", None) or exc
         return f"{where}: {type(cause).__name__} during {command}: {cause}"
-
-    def _restarted_step(self, k: int, reason: str, results: list) -> tuple:
-        """The step result of actor k's envs after a restart: truncated episodes."""
-        obs, reset_infos = self._restart_actor(k, reason)
-        n = len(self.slices[k])
-        last = self._last_obs[k] if self._last_obs[k] is not None else obs  # stepped before any reset
-        extra = [(i, {_PLAIN_INFO_KEY: True, "terminal_observation": _take(last, i), RESTART_INFO_KEY: reason})
-                 for i in range(n)]
-        resets = [(i, info) for i, info in enumerate(reset_infos) if info]
-        dtype = next((r[1].dtype for r in results if r is not None), np.dtype(np.float32))
-        return obs, np.zeros(n, dtype=dtype), np.ones(n, dtype=bool), (extra, resets)
 
     def _restart_actor(self, k: int, reason: str, seeds: list | None = None,
                        options: list | None = None) -> tuple[Any, list]:
@@ -694,8 +582,8 @@ class RayShmVecEnv(VecEnv):
             (hello,) = self._gather([actor.start.remote(*self._start_args[k])], "restart", broken=True, actors=[k])
             self._call_timeout = self.timeout
             for name in ("observation_space", "action_space"):
-                if hello[name] != getattr(self, name):
-                    raise SpaceError(f"restarted actor {k} has {name} {hello[name]}, not {getattr(self, name)}")
+                if hello[name] != self._spaces[name]:
+                    raise SpaceError(f"restarted actor {k} has {name} {hello[name]}, not {self._spaces[name]}")
             self.actor_info[k] = _where(hello, self.slices[k])
             (result,) = self._gather([actor.reset.remote(seeds or [None] * n, options or [{}] * n)],
                                      "reset after restart", broken=True, actors=[k])
@@ -718,7 +606,7 @@ class RayShmVecEnv(VecEnv):
         )
         return exc
 
-    def _died(self, dead: list[tuple[int, BaseException]], command: str) -> RayActorDiedError:
+    def _died(self, dead: list[tuple[int, BaseException]], command: str, hint: str = _BROKEN_HINT) -> RayActorDiedError:
         lines = []
         for k, _ in dead:
             sl, info = self.slices[k], self.actor_info[k]
@@ -732,7 +620,7 @@ class RayShmVecEnv(VecEnv):
             f"Ray actor died during {command}: " + "; ".join(lines) + ". "
             f"Ray says: {' / '.join(s.strip() for s in reason[:8])}. "
             "The node may have been lost, its process killed (the OOM killer, a native crash) or the actor "
-            "killed with ray.kill. " + _BROKEN_HINT,
+            "killed with ray.kill. " + hint,
             worker=k0, env_indices=self.slices[k0],
             node_id=info.get("node_id"), node_ip=info.get("node_ip"), pid=info.get("pid"),
         )
@@ -745,6 +633,293 @@ class RayShmVecEnv(VecEnv):
                 self.close()
             except Exception:  # noqa: BLE001
                 pass
+
+
+class RayShmVecEnv(_RayActorGroup, VecEnv):
+    """A vectorized environment spread over Ray actors, each running a local ShmVecEnv.
+
+    Call ``ray.init(...)`` first (``ray.init(address="auto")`` on a cluster; without it, Ray
+    starts a local one)::
+
+        env = RayShmVecEnv([lambda: gym.make("CartPole-v1")] * 256, num_cpus_per_actor=8)
+
+    Placement (pick one):
+
+    - default: one actor per alive node that has ``num_cpus_per_actor`` CPUs, pinned to it;
+    - ``n_actors=k``: k actors spread over the cluster (Ray's ``"SPREAD"`` strategy);
+    - ``placement_group=pg``: one actor per bundle of a placement group you created (ready).
+
+    :param env_fns: callables that each build a new ``gymnasium.Env``, as for ShmVecEnv.  They are
+        sent to other machines: the modules they refer to must be importable there (install them,
+        or ship them with ``ray.init(runtime_env=...)``).
+    :param n_actors: number of actors, spread over the cluster (None: one per node).
+    :param envs_per_actor: how many envs each actor runs, in order (default: an even split).
+    :param num_cpus_per_actor: CPUs each actor reserves from Ray; also the default ``n_workers``
+        of its ShmVecEnv (at least 1, at most its envs).
+    :param placement_group: a placement group; one actor per bundle (overrides ``n_actors``).
+    :param actor_options: more ``.options(...)`` for every actor (``resources``,
+        ``runtime_env``, ``memory``, ...).
+    :param shm_kwargs: keyword arguments of each actor's ShmVecEnv (``n_workers``,
+        ``start_method``, ``timeout``, ...).  The start method defaults to ``"forkserver"``;
+        ``"fork"`` is refused (a Ray worker runs threads that fork would copy in an unknown
+        state).  ``copy`` defaults to False there (Ray copies the result anyway); ``reset`` and
+        ``step_wait`` of this class always return arrays of their own.
+    :param timeout: seconds to wait for the actors on any command before raising
+        ``WorkerTimeoutError`` (None: as long as they are alive; Ray reports dead ones).
+    :param start_timeout: seconds to wait for the actors to be placed and their envs built;
+        a cluster without the resources asked for never places them.
+    :param on_failure: what a failed actor (it died, its node was lost, an env raised in
+        ``step``/``reset``, or it did not answer within ``timeout``) does to the vec env.
+        ``"raise"`` (default): the call raises (:class:`RayActorDiedError` for a dead actor,
+        the env's own exception, ``WorkerTimeoutError``) and the vec env is broken: close it.
+        ``"restart"``: the actor is killed and a new one builds the same envs from the same
+        factories (on another node if its node is gone) and resets them; ``step_wait``
+        reports each of them as an episode ended by truncation: ``done`` True, reward 0,
+        ``info["TimeLimit.truncated"]`` True, ``info["terminal_observation"]`` the last
+        observation returned for that env, ``info["shmvec_restarted"]`` a string saying what
+        failed, and the reset observation as the observation.  After a failed ``reset()`` the
+        flag is in ``reset_infos``.  Each restart warns (:class:`WorkerRestartWarning`).  A
+        failure while restarting raises.  An actor that dies (or hangs past ``timeout``) during
+        ``get_attr``/``set_attr``/``env_method`` and the like is replaced too, but the call
+        raises (:class:`RayActorDiedError`, saying so): it is not retried, as its effect cannot
+        be replayed safely on new envs (ShmVecEnv raises for the same reason); the vec env
+        stays usable, and its next ``step_wait`` reports that actor's envs as truncated
+        episodes without stepping them (the actions given for them were chosen for the old
+        envs).  An env raising in such a call raises as itself and breaks nothing.  Failures
+        of single workers inside an actor are the actor's ShmVecEnv's to handle: pass
+        ``shm_kwargs={"on_failure": "restart"}`` for that.
+    :param max_restarts: with ``"restart"``, how many actor restarts this vec env may do in
+        all; the next failure raises :class:`TooManyRestartsError` (None: no limit).
+
+    :raises TypeError: an env factory is not callable or cannot be pickled.
+    :raises SpaceError: the actors' envs have different spaces.
+    :raises WorkerTimeoutError: the actors were not up within ``start_timeout``.
+    :raises RayActorDiedError: an actor died while starting.
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]],
+        n_actors: int | None = None,
+        *,
+        envs_per_actor: Sequence[int] | None = None,
+        num_cpus_per_actor: float = 1,
+        placement_group: Any = None,
+        actor_options: dict[str, Any] | None = None,
+        shm_kwargs: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        start_timeout: float | None = 120.0,
+        on_failure: str = "raise",
+        max_restarts: int | None = 100,
+    ) -> None:
+        self._config = {k: v for k, v in locals().items() if k not in ("self", "env_fns", "__class__")}
+        shm_kwargs = dict(shm_kwargs or {})
+        # Views are safe here: Ray serializes a method's result as it returns, before the next
+        # step can overwrite the buffers; the driver's concatenation makes arrays of its own.
+        shm_kwargs.setdefault("copy", False)
+        env_fns = list(env_fns)
+        self._descriptions = F.describe_env_fns(env_fns)
+        self._seed_arg: Any = None
+        self._options_arg: Any = None
+        self._restarted: dict[int, tuple[str, Any, list]] = {}
+        first = self._launch(env_fns, n_actors, envs_per_actor, num_cpus_per_actor, placement_group, actor_options,
+                             shm_kwargs, timeout, start_timeout, on_failure, max_restarts)
+        self._last_obs: list[Any] = [None] * self.n_actors
+        self._concat_obs = _concatenator(first["observation_space"])
+        self._act_space = first["action_space"]
+        super().__init__(len(env_fns), first["observation_space"], first["action_space"])
+        self.metadata = first["metadata"]
+
+    # ---- SB3 VecEnv API -----------------------------------------------------------------------------------
+    def seed(self, seed: int | Sequence[int | None] | np.random.SeedSequence | None = None) -> list[int | None]:
+        """Sets the seeds of the next ``reset()``, in the forms ``ShmVecEnv.seed`` takes (an int
+        ``s``: env i gets ``s + i``; one int per env; a ``numpy.random.SeedSequence``).  Seeds go
+        to the envs, not to actors: the same seeds give the same episodes however the envs are
+        split.
+        """
+        self._seeds, self._seed_arg = F.per_env_seeds(seed, self.num_envs)
+        return self._seeds
+
+    def set_options(self, options: list[dict] | dict | None = None) -> None:
+        super().set_options(options)
+        self._options_arg = options
+
+    def describe(self) -> dict[str, Any]:
+        """This vec env as plain, JSON-serializable data, from which :meth:`from_description` rebuilds it,
+        on this cluster or another (as ``ShmVecEnv.describe``).
+
+        Holds each env's factory, ``n_envs``, every constructor option (``n_actors``,
+        ``envs_per_actor``, ``shm_kwargs``, ``on_failure``, ...) and the last ``seed()`` and
+        ``set_options()`` arguments.  Placement given as ``n_actors`` or by default (one actor
+        per node) carries over to another cluster; a ``placement_group`` is an object of this
+        cluster and cannot be described: rebuild with ``from_description(d, placement_group=pg)``
+        after describing a vec env built with ``n_actors``.
+
+        :raises DescriptionError: a factory or an option (``placement_group``,
+            ``actor_options`` holding objects) is not plain data; the message names which.
+        """
+        shm = self._config.get("shm_kwargs") or {}
+        description = F.describe_vec_env(
+            self._descriptions, self._config, n_envs=self.num_envs,
+            n_workers=sum(info.get("n_workers", 0) for info in self.actor_info),
+            start_method=shm.get("start_method", "forkserver"), seed=self._seed_arg, options=self._options_arg)
+        description["vec_env"] = "shmvec.ray.RayShmVecEnv"
+        return description
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any], **overrides: Any) -> RayShmVecEnv:
+        """Builds the vec env that :meth:`describe` described, on the cluster ``ray.init`` connected to.
+
+        ``overrides`` replace constructor options (``n_actors``, ``num_cpus_per_actor``,
+        ``placement_group``, ...), for a cluster of another shape.  The seeds and reset options
+        of the description are set for the first ``reset()``.
+
+        :raises DescriptionError: the description is not one of ours.
+        """
+        return F.rebuild(description, cls, **overrides)
+
+    def reset(self) -> VecEnvObs:
+        """Resets every env with the seeds from ``seed()`` and options from ``set_options()`` (used once).
+
+        :raises ClosedVecEnvError, BrokenVecEnvError, AlreadyPendingCallError: misuse.
+        :raises RayActorDiedError: an actor died.
+        """
+        self._check_usable()
+        if self.waiting:
+            raise AlreadyPendingCallError("reset() while a step is in flight: call step_wait() first")
+        args = [(self._seeds[sl.start:sl.stop], self._options[sl.start:sl.stop]) for sl in self.slices]
+        refs = [a.reset.remote(*a_args) for a, a_args in zip(self._actors, args)]
+        results, failures = self._collect(refs, "reset", broken=True)
+        if failures:
+            if self.on_failure != "restart":
+                self._raise_failures(failures, list(range(self.n_actors)), "reset", broken=True)
+            for k, exc in failures.items():
+                reason = self._reason(k, exc, "reset")
+                obs, infos = self._restart_actor(k, reason, *args[k])
+                results[k] = (obs, [dict(info, **{RESTART_INFO_KEY: reason}) for info in infos])
+        self.reset_infos = [info for _, infos in results for info in infos]
+        self._restarted = {}  # every env was reset just now
+        self._reset_seeds()
+        self._reset_options()
+        self._last_obs = [obs for obs, _ in results]
+        return self._concat_obs(self._last_obs)
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Sends each actor its share of ``actions`` and starts its step (all actors at once).
+
+        :raises ValueError: the actions do not fit the action space (shape, dtype).
+        :raises AlreadyPendingCallError: a step is already in flight.
+        """
+        self._check_usable()
+        if self.waiting:
+            raise AlreadyPendingCallError("step_async() called twice: call step_wait() before the next step_async()")
+        parts = _split_actions(self._act_space, actions, self.num_envs, self.slices)
+        # An actor replaced during a rare call is not stepped: its envs' episodes end here.
+        self._pending = [ray.put(None) if k in self._restarted else a.step.remote(p)
+                         for k, (a, p) in enumerate(zip(self._actors, parts))]
+        self.waiting = True
+
+    def step_wait(self) -> VecEnvStepReturn:
+        """Waits for every actor's step and returns (obs, rewards, dones, infos).
+
+        :raises NoAsyncCallError: no step is in flight.
+        :raises RayActorDiedError: an actor died; the original exception type if an env raised.
+        """
+        self._check_usable()
+        if not self.waiting:
+            raise NoAsyncCallError("step_wait() without a preceding step_async()")
+        refs, self._pending = self._pending, []
+        try:
+            results, failures = self._collect(refs, "step", broken=True)
+        finally:
+            self.waiting = False
+        if failures:
+            if self.on_failure != "restart":
+                self._raise_failures(failures, list(range(self.n_actors)), "step", broken=True)
+            for k, exc in failures.items():
+                results[k] = self._restarted_step(k, self._reason(k, exc, "step"), results)
+        restarted, self._restarted = self._restarted, {}
+        for k, (reason, obs, reset_infos) in restarted.items():
+            results[k] = self._truncated(k, reason, obs, reset_infos, results)
+        infos: list[dict[str, Any]] = []
+        for sl, (_, _, dones, payload) in zip(self.slices, results):
+            start = sl.start
+            infos.extend({_PLAIN_INFO_KEY: False} for _ in sl)
+            for i in np.flatnonzero(dones).tolist():
+                self.reset_infos[start + i] = {}
+            if payload:
+                extra, resets = pickle.loads(payload) if isinstance(payload, bytes) else payload
+                for i, info in extra:
+                    infos[start + i] = info
+                for i, info in resets:
+                    self.reset_infos[start + i] = info
+        self._last_obs = [r[0] for r in results]
+        obs = self._concat_obs(self._last_obs)
+        rewards = np.concatenate([r[1] for r in results])
+        dones = np.concatenate([r[2] for r in results])
+        return obs, rewards, dones, infos
+
+    def get_images(self) -> Sequence[np.ndarray | None]:
+        if self.render_mode != "rgb_array":
+            warnings.warn(
+                f"The render mode is {self.render_mode}, but this method assumes it is `rgb_array` to obtain images."
+            )
+            return [None for _ in range(self.num_envs)]
+        parts = self._broadcast("get_images", ())
+        return [img for part in parts for img in part]
+
+    def has_attr(self, attr_name: str) -> bool:
+        return all(self._broadcast("has_attr", (attr_name,)))
+
+    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+        return self._indexed_call("get_attr", indices, (attr_name,))
+
+    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+        self._indexed_call("set_attr", indices, (attr_name, value))
+
+    def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None, **method_kwargs) -> list[Any]:
+        return self._indexed_call("env_method", indices, (method_name, method_args, method_kwargs))
+
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
+        return self._indexed_call("env_is_wrapped", indices, (wrapper_class,))
+
+    # ---- internals --------------------------------------------------------------------------------------
+
+    # ---- restarts (on_failure="restart") ---------------------------------------------------------------
+
+    def _restarted_step(self, k: int, reason: str, results: list) -> tuple:
+        """The step result of actor k's envs after a restart: truncated episodes."""
+        obs, reset_infos = self._restart_actor(k, reason)
+        return self._truncated(k, reason, obs, reset_infos, results)
+
+    def _truncated(self, k: int, reason: str, obs: Any, reset_infos: list, results: list) -> tuple:
+        """Actor k's step result for envs that were replaced (new ones, reset): truncated episodes."""
+        n = len(self.slices[k])
+        last = self._last_obs[k] if self._last_obs[k] is not None else obs  # stepped before any reset
+        extra = [(i, {_PLAIN_INFO_KEY: True, "terminal_observation": _take(last, i), RESTART_INFO_KEY: reason})
+                 for i in range(n)]
+        resets = [(i, info) for i, info in enumerate(reset_infos) if info]
+        dtype = next((r[1].dtype for r in results if r is not None), np.dtype(np.float32))
+        return obs, np.zeros(n, dtype=dtype), np.ones(n, dtype=bool), (extra, resets)
+
+
+def row_infos(infos: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """Gymnasium-style batched infos (arrays with ``_key`` masks) as one plain dict per row.
+
+    ``env_id`` is left out; rebuilding with ``VectorEnv._add_info`` row by row gives the batch back.
+    """
+    out: list[dict[str, Any]] = [{} for _ in range(n)]
+    for key, value in infos.items():
+        if key.startswith("_") or key == "env_id":
+            continue
+        mask = infos.get(f"_{key}")
+        sub = row_infos(value, n) if isinstance(value, dict) else None
+        plain_bool = sub is None and isinstance(value, np.ndarray) and value.dtype == np.bool_
+        for k in range(n):
+            if mask is None or mask[k]:
+                # a bool goes back as bool: _add_info batches np.bool_ into an object array
+                out[k][key] = sub[k] if sub is not None else bool(value[k]) if plain_bool else value[k]
+    return out
 
 
 def _where(hello: dict[str, Any], sl: range) -> dict[str, Any]:

@@ -67,10 +67,11 @@ class ShmVecEnvPool(VecEnv):
 
     _pool: ShmEnvPool | None = None
     waiting = False
+    _pool_cls: Any = ShmEnvPool  # the pool behind it (shmvec.ray_pool.RayShmVecEnvPool puts a RayShmEnvPool)
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], batch_size: int | None = None,
                  **kwargs: Any) -> None:
-        self._pool = pool = ShmEnvPool(env_fns, batch_size=batch_size, autoreset_mode=AutoresetMode.SAME_STEP,
+        self._pool = pool = self._pool_cls(env_fns, batch_size=batch_size, autoreset_mode=AutoresetMode.SAME_STEP,
                                        **kwargs)
         self.pool_size = pool.num_envs
         self._ids = np.zeros(0, dtype=np.int64)
@@ -173,7 +174,7 @@ class ShmVecEnvPool(VecEnv):
     # ---- internals ------------------------------------------------------------------------------------
     def _usable(self) -> ShmEnvPool:
         if self._pool is None:
-            raise ClosedVecEnvError("this ShmVecEnvPool is closed; build a new one")
+            raise ClosedVecEnvError(f"this {type(self).__name__} is closed; build a new one")
         return self._pool
 
     def _pool_indices(self, indices: VecEnvIndices) -> list[int]:

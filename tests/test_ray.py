@@ -34,7 +34,11 @@ from stable_baselines3.common.vec_env import DummyVecEnv  # noqa: E402
 import testenvs  # noqa: E402
 from conftest import leaks_since, take_snapshot  # noqa: E402
 from helpers import assert_same, close_all  # noqa: E402
-from shmvec import BrokenVecEnvError, WorkerDiedError, WorkerTimeoutError  # noqa: E402
+from shmvec import BrokenVecEnvError, ShmVecEnvError, WorkerDiedError, WorkerTimeoutError  # noqa: E402
+from shmvec._errors import ClosedVecEnvError  # noqa: E402
+from gymnasium.vector import AutoresetMode, SyncVectorEnv  # noqa: E402
+
+import poolenvs  # noqa: E402
 from shmvec.ray import (  # noqa: E402
     RESTART_INFO_KEY,
     RayActorDiedError,
@@ -42,7 +46,9 @@ from shmvec.ray import (  # noqa: E402
     TooManyRestartsError,
     WorkerRestartWarning,
 )
+from shmvec.ray_pool import RayShmEnvPool, RayShmVecEnvPool  # noqa: E402
 from test_equivalence import _check_coverage, _options, run_lockstep  # noqa: E402
+from test_pool import _row, row_info  # noqa: E402
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 ACTOR_TITLE = "ray::_ShmVecActor"
@@ -439,3 +445,263 @@ def test_bad_arguments_are_refused_before_any_actor_starts(cluster):
     lock = __import__("threading").Lock()
     with pytest.raises(TypeError, match="cannot be pickled"):
         RayShmVecEnv([lambda: lock] * 2, n_actors=2)
+
+
+# ---- restart during rare calls, describe() -----------------------------------------------------------
+
+
+def test_actor_dying_during_a_rare_call_is_restarted_and_the_call_raises(cluster):
+    """on_failure="restart": get_attr on a dead actor raises RayActorDiedError saying the actor was
+    replaced and the call not retried; the vec env stays usable, and the next step reports the
+    new actor's envs as truncated episodes (without stepping them)."""
+    fns = testenvs.spaces_env_fns("box", "discrete", 4)
+    env = None
+    try:
+        env = RayShmVecEnv(fns, n_actors=2, on_failure="restart")
+        obs = env.reset()
+        actions = np.zeros(4, dtype=np.int64)
+        obs, *_ = env.step(actions)
+        victim = env.actor_info[1]
+        os.kill(victim["pid"], signal.SIGKILL)
+        with pytest.warns(WorkerRestartWarning, match="actor 1"), pytest.raises(RayActorDiedError) as info:
+            env.get_attr("tag")
+        message = str(info.value)
+        assert info.value.env_indices == range(2, 4) and "during get_attr" in message
+        assert "not retried" in message and "still usable" in message, message
+        assert env.restarts == 1 and env.actor_info[1]["pid"] != victim["pid"]
+        assert env.get_attr("tag") == [0, 1, 2, 3]  # usable: the new actor answers
+        obs2, rewards, dones, infos = env.step(actions)
+        assert dones.tolist() == [False, False, True, True] and (rewards[2:] == 0).all()
+        for i in (2, 3):
+            assert infos[i]["TimeLimit.truncated"] is True
+            assert_same(infos[i]["terminal_observation"], obs[i], f"terminal obs {i}")
+            assert "during get_attr" in infos[i][RESTART_INFO_KEY]
+        assert RESTART_INFO_KEY not in infos[0]
+        _, _, dones, infos = env.step(actions)  # and it goes on, the new envs stepping
+        assert not any(RESTART_INFO_KEY in info for info in infos)
+    finally:
+        close_all(env)
+
+
+def test_describe_round_trip_rebuilds_the_same_vec_env(cluster):
+    """describe() is JSON; from_description() on the cluster rebuilds envs, options and seeds."""
+    import json
+
+    from shmvec.factories import DescriptionError
+
+    fns = testenvs.spaces_env_fns("box", "discrete", 5)
+    env = rebuilt = None
+    try:
+        env = RayShmVecEnv(fns, n_actors=2, envs_per_actor=[2, 3], shm_kwargs={"n_workers": 1},
+                           on_failure="restart", max_restarts=3)
+        env.seed(7)
+        text = json.dumps(env.describe())
+        want = _rollout(env, 20)
+        env.close()
+        loaded = json.loads(text)
+        assert loaded["n_envs"] == 5 and loaded["vec_env"] == "shmvec.ray.RayShmVecEnv"
+        assert loaded["options"]["envs_per_actor"] == [2, 3] and loaded["options"]["on_failure"] == "restart"
+        rebuilt = RayShmVecEnv.from_description(loaded, max_restarts=5)
+        assert rebuilt.max_restarts == 5 and rebuilt.on_failure == "restart"
+        assert [i["env_indices"] for i in rebuilt.actor_info] == [range(0, 2), range(2, 5)]
+        assert_same(_rollout(rebuilt, 20), want, "rebuilt rollout")  # seeds come from the description
+        rebuilt.close()
+        rebuilt = RayShmVecEnv([lambda: testenvs.make_spaces_env()] * 2, n_actors=1)
+        with pytest.raises(DescriptionError, match=r"env_fns\[0\]"):
+            rebuilt.describe()
+    finally:
+        close_all(env, rebuilt)
+
+
+def _rollout(env, n_steps: int) -> list:
+    out = [env.reset()]
+    rng = np.random.default_rng(1)
+    for _ in range(n_steps):
+        obs, rew, dones, _ = env.step(rng.integers(0, 3, size=env.num_envs))
+        out.append((obs, rew, dones))
+    return out
+
+
+# ---- pool mode ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode, obs_kind, actor_batch", [
+    (AutoresetMode.NEXT_STEP, "dict", 1),
+    (AutoresetMode.SAME_STEP, "box", None),
+])
+def test_pool_each_env_follows_its_own_trajectory_across_two_nodes(cluster, mode, obs_kind, actor_batch):
+    """RayShmEnvPool over two nodes (uneven slices), batches smaller than the pool: global env ids,
+    and every env's rows (obs, rewards, flags, infos) equal that env run alone in a one-env
+    SyncVectorEnv with the same seed, actions and autoreset mode, whatever order they arrive in."""
+    n_envs, batch = 7, 3 if actor_batch == 1 else 4
+    envs_per_actor = [3, 4] if actor_batch == 1 else [4, 3]
+    fns = [functools.partial(poolenvs.make_jitter_env, obs_kind, "discrete", i, 0.002) for i in range(n_envs)]
+    refs = [SyncVectorEnv([fn], autoreset_mode=mode) for fn in fns]
+    pool = None
+    try:
+        pool = RayShmEnvPool(fns, batch_size=batch, envs_per_actor=envs_per_actor, actor_batch_size=actor_batch,
+                             autoreset_mode=mode, shm_kwargs={"n_workers": 2})
+        assert len({i["node_id"] for i in pool.actor_info}) == 2
+        assert pool.metadata["autoreset_mode"] == mode and pool.num_envs == n_envs
+        obs, infos = pool.reset(seed=11)
+        ref_first = [ref.reset(seed=11 + i) for i, ref in enumerate(refs)]
+        rng = np.random.default_rng(0)
+        sent: dict[int, int] = {}
+        seen_reset: set[int] = set()
+        steps = np.zeros(n_envs, dtype=np.int64)
+        orders, ended = set(), 0
+        for t in range(40):
+            ids = infos["env_id"]
+            assert ids.dtype == np.int64 and len(set(ids.tolist())) == batch
+            orders.add(tuple(ids.tolist()))
+            for k, i in enumerate(ids.tolist()):
+                if i not in sent:  # its reset row
+                    assert i not in seen_reset
+                    seen_reset.add(i)
+                    assert_same(_row(obs, k), _row(ref_first[i][0], 0), f"env {i} reset obs", strict_dtype=True)
+                    assert_same(row_info(infos, k), row_info(ref_first[i][1], 0), f"env {i} reset info")
+                    continue
+                want = refs[i].step(np.array([sent.pop(i)]))
+                steps[i] += 1
+                where = f"recv {t} env {i}"
+                assert_same(_row(obs, k), _row(want[0], 0), f"{where} obs", strict_dtype=True)
+                assert rew[k] == want[1][0] and term[k] == want[2][0] and trunc[k] == want[3][0], where
+                got_info, want_info = row_info(infos, k), row_info(want[4], 0)
+                if "final_obs" in want_info:
+                    assert_same(got_info.pop("final_obs"), want_info.pop("final_obs"), f"{where} final_obs")
+                assert_same(got_info, want_info, f"{where} info")
+                ended += int(term[k] or trunc[k])
+            actions = rng.integers(0, 3, size=len(ids))
+            pool.send(actions, ids)
+            sent.update(zip(ids.tolist(), actions.tolist()))
+            obs, rew, term, trunc, infos = pool.recv()
+        assert seen_reset == set(range(n_envs)) and (steps > 3).all() and ended > 0
+        assert len(orders) > 3  # batches were made of different envs
+        # rare calls reach every env, in env order, while envs are in flight
+        assert pool.get_attr("tag") == tuple(range(n_envs))
+        pool.set_attr("scale", [float(i) for i in range(n_envs)])
+        assert pool.call("describe") == tuple(f"{obs_kind}/discrete#{i}" for i in range(n_envs))
+        assert pool.get_attr("scale") == tuple(float(i) for i in range(n_envs))
+        pool.send(rng.integers(0, 3, size=len(infos["env_id"])), infos["env_id"])
+        pool.recv()  # the batches kept across the calls still come back
+    finally:
+        for ref in refs:
+            ref.close()
+        close_all(pool)
+
+
+def test_pool_misuse_is_refused(cluster):
+    fns = [functools.partial(testenvs.make_spaces_env, "box", "discrete", i) for i in range(4)]
+    pool = None
+    try:
+        with pytest.raises(ValueError, match="batch_size"):
+            RayShmEnvPool(fns, batch_size=5)
+        pool = RayShmEnvPool(fns, batch_size=2, n_actors=2)
+        assert pool.actor_batch_sizes == [2, 2]
+        with pytest.raises(ShmVecEnvError, match="before reset"):
+            pool.send(np.zeros(2, dtype=np.int64), [0, 1])
+        obs, infos = pool.reset(seed=0)
+        ids = infos["env_id"]
+        with pytest.raises(ValueError, match="in flight"):
+            pool.send(np.zeros(2, dtype=np.int64), [i for i in range(4) if i not in ids.tolist()])
+        with pytest.raises(ValueError, match="shape"):
+            pool.send(np.zeros(3, dtype=np.int64), ids)
+        with pytest.raises(ValueError, match="distinct"):
+            pool.send(np.zeros(2, dtype=np.int64), [ids[0], ids[0]])
+        pool.recv()  # the other actor's batch, arrived with the first
+        with pytest.raises(ShmVecEnvError, match="too few envs in flight"):
+            pool.recv()
+        pool.send(np.zeros(1, dtype=np.int64), ids[:1])  # half of an actor's batch: still too few
+        with pytest.raises(ShmVecEnvError, match="too few envs in flight"):
+            pool.recv()
+        pool.send(np.zeros(1, dtype=np.int64), ids[1:])
+        _, _, _, _, infos = pool.recv()
+        assert sorted(infos["env_id"].tolist()) == sorted(ids.tolist())
+        pool.close()
+        with pytest.raises(ClosedVecEnvError):
+            pool.recv()
+    finally:
+        close_all(pool)
+
+
+def test_pool_actor_killed_mid_step_names_its_envs(cluster):
+    """SIGKILL of one actor while its envs step in the pool: the recv that finds it raises
+    RayActorDiedError naming actor, node and envs, while the other actor's batches come back
+    until then; the pool is broken afterwards and close() releases both nodes."""
+    fns = [functools.partial(testenvs.make_sleepy_env, 0.3)] * 4
+    pool = None
+    try:
+        pool = RayShmEnvPool(fns, batch_size=2, n_actors=2)
+        victim = pool.actor_info[1]
+        workers = _workers_of(victim["pid"])
+        _, infos = pool.reset()
+        pool.send(np.zeros(2, dtype=np.int64), infos["env_id"])
+        _, _, _, _, infos = pool.recv()
+        pool.send(np.zeros(2, dtype=np.int64), infos["env_id"])
+        os.kill(victim["pid"], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(RayActorDiedError) as info:
+            while time.monotonic() - t0 < 30:
+                _, _, _, _, infos = pool.recv()
+                assert set(infos["env_id"].tolist()) == {0, 1}  # actor 0's envs go on meanwhile
+                pool.send(np.zeros(2, dtype=np.int64), infos["env_id"])
+        err = info.value
+        assert err.worker == 1 and err.env_indices == range(2, 4) and err.pid == victim["pid"]
+        message = str(err)
+        assert "actor 1" in message and "envs 2..3" in message and victim["node_id"] in message
+        assert "during pool recv" in message
+        with pytest.raises(BrokenVecEnvError):
+            pool.recv()
+        pids = [i["pid"] for i in pool.actor_info]
+        others = _workers_of(pool.actor_info[0]["pid"])
+        pool.close()
+        _wait_gone(pids + workers + others)
+    finally:
+        close_all(pool)
+
+
+def test_pool_env_exception_is_raised_as_itself(cluster):
+    fns = [functools.partial(testenvs.make_sleepy_env, 0.0)] * 2 + [functools.partial(testenvs.make_raising_env, 1)]
+    pool = None
+    try:
+        pool = RayShmEnvPool(fns, batch_size=3, n_actors=2, timeout=60)
+        _, infos = pool.reset()
+        with pytest.raises(testenvs.EnvBoom) as info:
+            for _ in range(3):
+                pool.send(np.zeros(3, dtype=np.int64), infos["env_id"])
+                _, _, _, _, infos = pool.recv()
+        notes = "\n".join(info.value.__notes__)
+        assert "actor 1" in notes and "envs 2..2" in notes
+        with pytest.raises(BrokenVecEnvError):
+            pool.recv()
+    finally:
+        close_all(pool)
+
+
+def test_sb3_pool_face_with_full_batch_equals_dummy_vec_env(cluster):
+    """RayShmVecEnvPool with batch_size == num_envs: rows in env order, DummyVecEnv step for step."""
+    fns = testenvs.spaces_env_fns("box", "discrete", 5)
+    ref = DummyVecEnv(fns)
+    env = None
+    try:
+        env = RayShmVecEnvPool(fns, n_actors=2)
+        assert env.num_envs == 5 and env.pool_size == 5
+        ref.seed(3)
+        env.seed(3)
+        assert_same(env.reset(), ref.reset(), "reset", strict_dtype=True)
+        rng = np.random.default_rng(0)
+        ended = 0
+        for t in range(30):
+            act = rng.integers(0, 3, size=5)
+            obs_r, rew_r, done_r, infos_r = ref.step(act)
+            obs_s, rew_s, done_s, infos_s = env.step(act)
+            assert_same(obs_s, obs_r, f"step {t} obs", strict_dtype=True)
+            assert_same(rew_s, rew_r, f"step {t} rewards", strict_dtype=True)
+            assert_same(done_s, done_r, f"step {t} dones", strict_dtype=True)
+            assert_same(infos_s, infos_r, f"step {t} infos", ignore=frozenset({"env_id", "pool_obs", "pool_action"}))
+            ended += int(done_r.sum())
+        assert ended > 0
+        assert env.get_attr("tag") == [0, 1, 2, 3, 4]
+        assert env.env_is_wrapped(TimeLimit, indices=[4, 0]) == [True, True]
+    finally:
+        close_all(env, ref)
