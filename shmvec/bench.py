@@ -3,8 +3,12 @@
 Every backend steps the same envs (built by one factory) with random actions drawn beforehand,
 in one run, in alternating short rounds so that a slow spell of a shared machine hits all of them
 alike; the table reports each backend's steps/s, its ratio to ``DummyVecEnv`` (median of the
-per-round ratios) and its share of the limit: the cores used x the steps/s of one env stepped in
-a bare loop, measured in the same run.  Ratios hold across machines; absolute numbers do not.
+per-round ratios), its share of the limit (the cores used x the steps/s of one env stepped in a
+bare loop, measured in the same run) and its share of the ceiling: as many bare loops as the
+limit counts cores, run at the same time in processes of their own and measured in the same
+rounds as the backends, i.e. what that many busy processes really get from the machine at that
+moment (on a shared VM it can be well below the limit).  Ratios hold across machines; absolute
+numbers do not.
 
 Also measured: start-up (construct + first reset) and memory (PSS of all processes) in a fresh
 interpreter per backend, and the round-trip latency of one step with one env of zero cost.
@@ -30,6 +34,7 @@ from shmvec._bench import backends as B
 from shmvec._bench.envs import check_env_name, env_names
 from shmvec._bench.measures import (
     ACTION_BATCHES,
+    Ceiling,
     Stepper,
     bare_loop_sps,
     cores,
@@ -42,6 +47,7 @@ from shmvec._bench.remote import RemoteBackend, RemoteError, footprint
 RESULTS_VERSION = 1
 REFERENCE = "DummyVecEnv"
 OURS = "ShmVecEnv"
+CEILING = "bare loops at once"  # the ceiling stepper's name in the rounds (never a backend name)
 
 #: ``--preset``: named sets of defaults; options given on the command line win.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -241,7 +247,8 @@ def run(config: Config, progress: Progress | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {
         "version": RESULTS_VERSION, "machine": machine(), "config": asdict(config),
         "limit_cores": min(config.workers, cores()),
-        "bare": {}, "limit": {}, "points": [], "shmvec_vs": {}, "footprint": [], "latency": [], "skipped": skipped,
+        "bare": {}, "limit": {}, "ceiling": [], "points": [], "shmvec_vs": {}, "footprint": [], "latency": [],
+        "skipped": skipped,
     }
     for env in envs:
         progress.show(f"{env}: one env in a bare loop")
@@ -276,6 +283,11 @@ def _measure_point(env: str, n_envs: int, runnable: list[str], config: Config, r
     spec = B.BuildSpec(env, n_envs, config.workers, config.start_method)
     progress.show(f"{env} x {n_envs}: building {len(runnable)} backends")
     opened = _open_all(runnable, spec, config, skipped)
+    k = results["limit_cores"]
+    try:
+        opened[CEILING] = Ceiling(env, k, config.start_method)
+    except Exception as e:  # noqa: BLE001 - the run goes on without the ceiling column
+        skipped.append({"backend": CEILING, "env": env, "n_envs": n_envs, "reason": f"failed to start: {_describe(e)}"})
     done = 0
 
     def tick() -> None:
@@ -294,12 +306,17 @@ def _measure_point(env: str, n_envs: int, runnable: list[str], config: Config, r
             o.close()
     progress.done += config.rounds - done
     ref = per_round.get(REFERENCE)
+    ceiling = per_round.pop(CEILING, None)
+    if ceiling:
+        results["ceiling"].append({"env": env, "n_envs": n_envs, "processes": k,
+                                   "steps_per_s": float(np.median(ceiling)), "rounds": ceiling})
     for name, figures in per_round.items():
         sps = float(np.median(figures))
         results["points"].append({
             "env": env, "backend": name, "n_envs": n_envs, "workers": workers[name], "steps_per_s": sps,
             "rounds": figures, "ratio_to_dummy": median_ratio(figures, ref) if ref else None,
             "share_of_limit": sps / results["limit"][env],
+            "share_of_ceiling": median_ratio(figures, ceiling) if ceiling else None,
         })
     if OURS in per_round:
         results["shmvec_vs"].setdefault(env, {})[str(n_envs)] = {
@@ -364,13 +381,21 @@ def format_table(results: dict[str, Any]) -> str:
         limit = results["limit"][env]
         lines.append(f"\n{env}: one env in a bare loop {bare:,.0f} steps/s; limit ({limit_cores} cores) "
                      f"{limit:,.0f} steps/s")
-        lines.append(f"{'backend':<16}{'n_envs':>7}{'workers':>8}{'steps/s':>13}{'x Dummy':>9}{'of limit':>10}")
+        lines.append(f"{'backend':<16}{'n_envs':>7}{'workers':>8}{'steps/s':>13}{'x Dummy':>9}{'of limit':>10}"
+                     f"{'of ceiling':>12}")
         points = [p for p in results["points"] if p["env"] == env]
+        ceilings = {c["n_envs"]: c for c in results.get("ceiling", []) if c["env"] == env}
         for n_envs in sorted({p["n_envs"] for p in points}):
+            c = ceilings.get(n_envs)
+            if c is not None:
+                lines.append(f"{'(' + str(c['processes']) + ' bare loops)':<16}{n_envs:>7}{c['processes']:>8}"
+                             f"{c['steps_per_s']:>13,.0f}{'':>9}{100 * c['steps_per_s'] / limit:>9.0f}%{'100%':>12}")
             for p in (p for p in points if p["n_envs"] == n_envs):
                 workers = "-" if p["workers"] is None else str(p["workers"])
+                share = p.get("share_of_ceiling")
                 lines.append(f"{p['backend']:<16}{n_envs:>7}{workers:>8}{p['steps_per_s']:>13,.0f}"
-                             f"{_ratio(p['ratio_to_dummy']):>9}{100 * p['share_of_limit']:>9.0f}%")
+                             f"{_ratio(p['ratio_to_dummy']):>9}{100 * p['share_of_limit']:>9.0f}%"
+                             f"{'-' if share is None else f'{100 * share:.0f}%':>12}")
         for n_envs, ratios in results["shmvec_vs"].get(env, {}).items():
             said = ", ".join(f"{_ratio(r)}x {name}" for name, r in ratios.items())
             lines.append(f"  at {n_envs} envs {OURS} runs {said}")
@@ -416,10 +441,12 @@ def format_markdown(results: dict[str, Any]) -> str:
            f"{c['workers']} workers, start method {c['start_method']}.", ""]
     backends = list(dict.fromkeys(p["backend"] for p in results["points"]))
     out.append("Env steps/s (x DummyVecEnv, median of per-round ratios); limit = "
-               f"{results['limit_cores']} cores x one env in a bare loop.")
+               f"{results['limit_cores']} cores x one env in a bare loop; ceiling = "
+               f"{results['limit_cores']} bare loops at once, in the same rounds.")
     out.append("")
-    out.append("| env | n_envs | " + " | ".join(backends) + " | limit |")
-    out.append("|---|---:|" + "---:|" * (len(backends) + 1))
+    ceilings = {(c["env"], c["n_envs"]): c["steps_per_s"] for c in results.get("ceiling", [])}
+    out.append("| env | n_envs | " + " | ".join(backends) + " | limit | ceiling |")
+    out.append("|---|---:|" + "---:|" * (len(backends) + 2))
     for env in results["bare"]:
         for n in sorted({p["n_envs"] for p in results["points"] if p["env"] == env}):
             cells = []
@@ -430,7 +457,9 @@ def format_markdown(results: dict[str, Any]) -> str:
                 else:
                     cell = f"{_k(p['steps_per_s'])} ({_ratio(p['ratio_to_dummy'])})"
                     cells.append(f"**{cell}**" if b == OURS else cell)
-            out.append(f"| {env} | {n} | " + " | ".join(cells) + f" | {_k(results['limit'][env])} |")
+            ceiling = ceilings.get((env, n))
+            out.append(f"| {env} | {n} | " + " | ".join(cells) + f" | {_k(results['limit'][env])} | "
+                       + ("-" if ceiling is None else _k(ceiling)) + " |")
     out.append("")
     out.append(f"{OURS} against each peer (median of per-round ratios; above 1: {OURS} is faster):")
     out.append("")

@@ -21,7 +21,7 @@ from gymnasium.utils.env_checker import check_env
 from shmvec import bench
 from shmvec._bench import backends as B
 from shmvec._bench.envs import EnvFactory, check_env_name, obs_nbytes
-from shmvec._bench.measures import ACTION_BATCHES, Stepper, median_ratio, side_by_side, tree_memory
+from shmvec._bench.measures import ACTION_BATCHES, Ceiling, Stepper, median_ratio, side_by_side, tree_memory
 from shmvec._bench.remote import RemoteBackend, RemoteError
 
 BENCH_ENVS = ["CartPole-v1", "busy-50us", "image-84x84x4", "image-210x160x3", "CartPole-info", "dict-obs", "zero-cost"]
@@ -174,6 +174,25 @@ def test_cli_tiny_run_json(tmp_path, capsys):
     assert set(r["shmvec_vs"]["CartPole-v1"]["2"]) == {"DummyVecEnv"}
     assert r["footprint"] == [] and r["latency"] == []
     assert "x Dummy" in cap.out and "ShmVecEnv runs" in cap.out
+    # The ceiling: limit_cores bare loops at once, measured in the same rounds as the backends.
+    assert [(c["n_envs"], c["processes"]) for c in r["ceiling"]] == [(1, r["limit_cores"]), (2, r["limit_cores"])]
+    for c in r["ceiling"]:
+        assert len(c["rounds"]) == 2 and c["steps_per_s"] > 0
+        for p in (p for p in r["points"] if p["n_envs"] == c["n_envs"]):
+            assert math.isclose(p["share_of_ceiling"], median_ratio(p["rounds"], c["rounds"]))
+    assert "of ceiling" in cap.out and "bare loops" in cap.out
+
+
+def test_ceiling_runs_k_loops_at_once_and_leaves_nothing():
+    ceiling = Ceiling("CartPole-v1", 2)
+    try:
+        pids = [p.pid for p in ceiling.procs]
+        assert len(pids) == 2 and ceiling.workers == 2
+        assert all(ceiling.chunk(0.05) > 0 for _ in range(2))
+    finally:
+        ceiling.close()
+    assert ceiling.procs == [] and ceiling.conns == []
+    ceiling.close()  # idempotent
 
 
 @pytest.fixture(scope="module")

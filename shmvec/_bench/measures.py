@@ -1,6 +1,10 @@
 """What the benchmark measures, each as one function.
 
 - :func:`bare_loop_sps`: steps/s of one env stepped in a plain loop (the base of the limit).
+- :class:`Ceiling`: steps/s of ``k`` processes that each step one env in a plain loop at the same
+  time, measured in the same rounds as the vec envs: what ``k`` busy processes really get from
+  the machine at that moment (on a shared VM, less than ``k`` x one), so the ceiling of any vec
+  env with ``k`` workers.
 - :class:`Stepper` and :func:`side_by_side`: env steps/s of a vec env with random actions drawn
   beforehand, measured in alternating short chunks so that a slow spell of a shared machine hits
   every backend alike.
@@ -13,6 +17,7 @@ interpreter can use this module.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -58,6 +63,89 @@ def env_loop_sps(e: Any, seconds: float, n_actions: int = 512) -> float:
                 return n / dt
     finally:
         e.close()
+
+
+def _ceiling_loop(conn: Any, env: str, n_actions: int = 512) -> None:
+    """One process of :class:`Ceiling`: steps its env for the seconds it is sent, answers steps/s."""
+    e = EnvFactory(env)()
+    try:
+        e.reset(seed=0)
+        e.action_space.seed(0)
+        actions = [e.action_space.sample() for _ in range(n_actions)]
+        conn.send("ready")
+        while True:
+            seconds = conn.recv()
+            if seconds is None:
+                return
+            n, t0 = 0, time.perf_counter()
+            while True:
+                for a in actions[:64]:
+                    _, _, term, trunc, _ = e.step(a)
+                    if term or trunc:
+                        e.reset()
+                n += 64
+                t = time.perf_counter()
+                if t - t0 >= seconds:
+                    break
+            conn.send(n / (t - t0))
+    except (EOFError, OSError):
+        pass  # the benchmark went away
+    finally:
+        e.close()
+        conn.close()
+
+
+class Ceiling:
+    """``k`` processes, each stepping one env built by ``EnvFactory(env)`` in a plain loop, all at
+    the same time: a stepper (``chunk(seconds)``) whose steps/s is the sum of the ``k`` loops'.
+
+    Measured in the same rounds as the vec envs (:func:`side_by_side`), it says what ``k`` busy
+    processes get from the machine at that moment; the processes wait on a pipe (no CPU)
+    between chunks.
+    """
+
+    workers: int | None = None
+
+    def __init__(self, env: str, k: int, start_method: str = "fork") -> None:
+        ctx = mp.get_context(start_method)
+        self.workers = k
+        self.conns: list[Any] = []
+        self.procs: list[Any] = []
+        try:
+            for _ in range(k):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_ceiling_loop, args=(child, env), daemon=True, name="shmvec-bench-ceiling")
+                proc.start()
+                child.close()
+                self.conns.append(parent)
+                self.procs.append(proc)
+            for conn in self.conns:
+                if not conn.poll(60) or conn.recv() != "ready":
+                    raise RuntimeError(f"a bare-loop process for {env} did not start")
+        except BaseException:
+            self.close()
+            raise
+
+    def chunk(self, seconds: float) -> float:
+        for conn in self.conns:
+            conn.send(seconds)
+        return float(sum(conn.recv() for conn in self.conns))
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+            proc.close()
+        for conn in self.conns:
+            conn.close()
+        self.conns, self.procs = [], []
 
 
 class Stepper:
