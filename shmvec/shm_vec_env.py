@@ -285,6 +285,7 @@ class ShmVecEnv(Recovery, VecEnv):
         self.copy = copy
         self.timeout = timeout
         self.slices = split_envs(n_envs, n_workers)
+        self._owner = [w for w, sl in enumerate(self.slices) for _ in sl]  # env index -> its worker
         if spin_us is None:
             spin_us = (DEFAULT_PARENT_SPIN_US if n_workers < _cores() else 0.0, DEFAULT_WORKER_SPIN_US)
         parent_us, worker_us = spin_us if isinstance(spin_us, tuple) else (spin_us, spin_us)
@@ -860,9 +861,7 @@ class ShmVecEnv(Recovery, VecEnv):
         return answers
 
     def _worker_of(self, i: int) -> int:
-        base, extra = divmod(self.num_envs, self.n_workers)
-        big = extra * (base + 1)
-        return i // (base + 1) if i < big else extra + (i - big) // base
+        return self._owner[i]
 
     def __del__(self) -> None:
         if not self.closed:
