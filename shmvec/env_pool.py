@@ -79,6 +79,22 @@ class _PoolResources:
             close_mapping(self.shm)
 
 
+def checked_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray) -> np.ndarray:
+    """``env_ids`` of a ``send`` as int64 indices (None: every env), checked once here.
+
+    :raises ValueError: an id out of ``[0, num_envs)``, repeated, or of an env in flight already.
+    """
+    ids = np.arange(num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= num_envs):
+        raise ValueError(f"env_ids must be in [0, {num_envs}), got {ids.tolist()}")
+    if np.unique(ids).size != ids.size:
+        raise ValueError(f"env_ids must be distinct, got {ids.tolist()}")
+    busy = ids[in_flight[ids]]
+    if busy.size:
+        raise ValueError(f"envs {busy.tolist()} are in flight already (sent and not received yet): recv() them first")
+    return ids
+
+
 class ShmEnvPool:
     """An asynchronous pool: ``send(actions, env_ids)`` then ``recv()`` the first ``batch_size`` envs done.
 
@@ -232,16 +248,7 @@ class ShmEnvPool:
         engine = self._usable()
         if not self._running:
             raise ShmVecEnvError("send() before reset(): call reset() or async_reset() first")
-        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.num_envs):
-            raise ValueError(f"env_ids must be in [0, {self.num_envs}), got {ids.tolist()}")
-        if np.unique(ids).size != ids.size:
-            raise ValueError(f"env_ids must be distinct, got {ids.tolist()}")
-        busy = ids[self._in_flight[ids]]
-        if busy.size:
-            raise ValueError(
-                f"envs {busy.tolist()} are in flight already (sent and not received yet): recv() them first"
-            )
+        ids = checked_send_ids(env_ids, self.num_envs, self._in_flight)
         self._write_rows(engine, actions, ids)
         self._in_flight[ids] = True
         starts, in_qs, worker_of = self._starts, self._in_qs, engine._worker_of

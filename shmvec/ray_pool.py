@@ -67,7 +67,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from shmvec._errors import ShmVecEnvError
-from shmvec.env_pool import _InfoBatch
+from shmvec.env_pool import _InfoBatch, checked_send_ids
 from shmvec.ray import RayActorDiedError, _concatenator, _RayActorGroup, _split_actions
 from shmvec.vec_env_pool import ShmVecEnvPool
 
@@ -195,16 +195,7 @@ class RayShmEnvPool(_RayActorGroup):
         self._check_usable()
         if not self._running:
             raise ShmVecEnvError("send() before reset(): call reset() or async_reset() first")
-        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.num_envs):
-            raise ValueError(f"env_ids must be in [0, {self.num_envs}), got {ids.tolist()}")
-        if np.unique(ids).size != ids.size:
-            raise ValueError(f"env_ids must be distinct, got {ids.tolist()}")
-        busy = ids[self._in_flight[ids]]
-        if busy.size:
-            raise ValueError(
-                f"envs {busy.tolist()} are in flight already (sent and not received yet): recv() them first"
-            )
+        ids = checked_send_ids(env_ids, self.num_envs, self._in_flight)
         (rows,) = _split_actions(self.single_action_space, actions, ids.size, [range(ids.size)])
         starts = np.array([sl.start for sl in self.slices])
         owner = np.searchsorted(starts, ids, side="right") - 1
