@@ -8,6 +8,7 @@ A space is split into leaves (``Box``, ``Discrete``, ``MultiDiscrete``,
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from functools import singledispatch
 from typing import TYPE_CHECKING, Any, Callable
@@ -88,6 +89,29 @@ def split_envs(n_envs: int, n_workers: int) -> list[range]:
         out.append(range(start, stop))
         start = stop
     return out
+
+
+def group_by_slice(targets: list[int], slices: list[range]) -> dict[int, tuple[list[int], list[int]]]:
+    """Env indices grouped by the slice (worker or actor) that holds them: ``{k: (indices, positions)}``.
+
+    Answers go back by position, not by env index: as in DummyVecEnv, an index given twice runs
+    twice, and a negative one counts from the end.  ``positions`` are where each index stood in
+    ``targets``.
+
+    :raises IndexError: an index outside ``[-n_envs, n_envs)``.
+    """
+    n_envs = slices[-1].stop
+    stops = [sl.stop for sl in slices]
+    groups: dict[int, tuple[list[int], list[int]]] = {}
+    for pos, i in enumerate(targets):
+        if not -n_envs <= i < n_envs:
+            raise IndexError(f"env index {i} out of range for {n_envs} envs")
+        i %= n_envs
+        k = bisect.bisect_right(stops, i)
+        indices, positions = groups.setdefault(k, ([], []))
+        indices.append(i)
+        positions.append(pos)
+    return groups
 
 
 class Layout:

@@ -62,7 +62,7 @@ from shmvec._errors import (
     WorkerRestartWarning,
     WorkerTimeoutError,
 )
-from shmvec._layout import split_envs
+from shmvec._layout import group_by_slice, split_envs
 from shmvec._recovery import RESTART_INFO_KEY
 
 __all__ = ["RayShmVecEnv", "RayActorDiedError", "TooManyRestartsError", "WorkerRestartWarning"]
@@ -418,15 +418,9 @@ class _RayActorGroup:
         """
         self._check_idle(method)
         targets = list(self._get_indices(indices))
-        by_actor: dict[int, list[int]] = {}
-        positions: dict[int, list[int]] = {}
-        for pos, i in enumerate(targets):
-            if not -self.num_envs <= i < self.num_envs:
-                raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
-            i %= self.num_envs
-            k = self._actor_of(i)
-            by_actor.setdefault(k, []).append(i - self.slices[k].start)
-            positions.setdefault(k, []).append(pos)
+        groups = group_by_slice(targets, self.slices)
+        by_actor = {k: [i - self.slices[k].start for i in idx] for k, (idx, _) in groups.items()}
+        positions = {k: pos for k, (_, pos) in groups.items()}
         order = list(by_actor)
         refs = [self._actors[k].call.remote(method, by_actor[k], args, {}) for k in order]
         results = self._gather(refs, method, broken=False, actors=order)
@@ -442,12 +436,6 @@ class _RayActorGroup:
         self._check_usable()
         if self.waiting:
             raise AlreadyPendingCallError(f"{method}() while a step is in flight: call step_wait() first")
-
-    def _actor_of(self, i: int) -> int:
-        for k, sl in enumerate(self.slices):
-            if i < sl.stop:
-                return k
-        raise IndexError(i)  # pragma: no cover - checked by the caller
 
     def _gather(self, refs: list, command: str, broken: bool, actors: list[int] | None = None) -> list[Any]:
         """One result per actor (``actors``: their indices), or the error that says what failed."""

@@ -40,7 +40,7 @@ from shmvec._errors import (
     describe_exitcode,
     unpack_exception,
 )
-from shmvec._layout import Layout, close_mapping, make_gather, split_envs
+from shmvec._layout import Layout, close_mapping, group_by_slice, make_gather, split_envs
 from shmvec._recovery import Recovery
 from shmvec import factories as F
 from shmvec._worker import worker_main
@@ -823,17 +823,9 @@ class ShmVecEnv(Recovery, VecEnv):
         if self._restart:
             self._recover_dead(name)
         targets = list(self._get_indices(indices))
-        # Answers go back by position, not by env index: like DummyVecEnv, an index given twice
-        # runs twice and gets both answers, and negative indices count from the end.
-        by_worker: dict[int, list[int]] = {}
-        positions: dict[int, list[int]] = {}
-        for pos, i in enumerate(targets):
-            if not -self.num_envs <= i < self.num_envs:
-                raise IndexError(f"env index {i} out of range for {self.num_envs} envs")
-            i %= self.num_envs
-            w = self._worker_of(i)
-            by_worker.setdefault(w, []).append(i)
-            positions.setdefault(w, []).append(pos)
+        groups = group_by_slice(targets, self.slices)  # answers go back by position (see there)
+        by_worker = {w: idx for w, (idx, _) in groups.items()}
+        positions = {w: pos for w, (_, pos) in groups.items()}
         for w, idx in by_worker.items():
             try:
                 res.conns[w].send((name, (idx, *args)))
