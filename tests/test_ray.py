@@ -454,7 +454,7 @@ def test_actor_dying_during_a_rare_call_is_restarted_and_the_call_raises(cluster
     """on_failure="restart": get_attr on a dead actor raises RayActorDiedError saying the actor was
     replaced and the call not retried; the vec env stays usable, and the next step reports the
     new actor's envs as truncated episodes (without stepping them)."""
-    fns = testenvs.spaces_env_fns("box", "discrete", 4)
+    fns = testenvs.spaces_env_fns("box", "discrete", 4, term_prob=0.0)  # no random episode ends
     env = None
     try:
         env = RayShmVecEnv(fns, n_actors=2, on_failure="restart")
