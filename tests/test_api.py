@@ -838,22 +838,25 @@ def alarm():
 def test_interrupted_call_leaves_the_vec_env_broken_not_stale(alarm, interrupted):
     """A signal handler raising while the workers still run a command (Ctrl-C) must not let the
     next command read the interrupted one's results."""
-    fns = [functools.partial(testenvs.make_sleepy_env, 0.6)] * 2
+    # The alarm must go off after the command was posted and before the workers answer: 0.5 s
+    # into a 2 s command (a 0.1 s alarm could fire before a stalled parent had posted anything,
+    # and then nothing was interrupted and the vec env was not broken).
+    fns = [functools.partial(testenvs.make_sleepy_env, 2.0)] * 2
     if interrupted == "reset":
-        fns = [functools.partial(testenvs.make_sleepy_env, 0.6, 0.6)] * 2
+        fns = [functools.partial(testenvs.make_sleepy_env, 2.0, 2.0)] * 2
     elif interrupted == "env_method":
         fns = testenvs.bare_env_fns(2)
     env = ShmVecEnv(fns, n_workers=2, start_method="fork")
     try:
         env.reset()
-        alarm(0.1)
+        alarm(0.5)
         with pytest.raises(_Interrupted):
             if interrupted == "step":
                 env.step(_discrete_actions(2))
             elif interrupted == "reset":
                 env.reset()
             else:
-                env.env_method("nap", 0.6)
+                env.env_method("nap", 2.0)
         with pytest.raises(BrokenVecEnvError, match="_Interrupted"):
             if interrupted == "env_method":
                 env.get_attr("tag")

@@ -288,11 +288,13 @@ def test_words_share_the_buffer():
 
 
 def test_now_ns_is_the_monotonic_clock():
+    # The same clock: Python's reading lies between the two of ours, however long this process
+    # is preempted between the calls (a fixed tolerance such as 100 ms can be exceeded on a
+    # loaded machine).
     a = _core.now_ns()
     b = time.monotonic_ns()
     c = _core.now_ns()
-    assert a <= c
-    assert abs(b - a) < 100_000_000
+    assert a <= b <= c
 
 
 class _Alarm(Exception):

@@ -127,8 +127,8 @@ def test_sleeping_consumer_is_woken_by_another_process(spin):
     proc = mp.get_context("fork").Process(target=_push_later, args=(shm.name, 0.3, 12345))
     try:
         q = IndexQueue(shm.buf, 0, 8, True)
+        t0 = time.monotonic()  # before start(): the child's 0.3 s sleep may begin before start() returns
         proc.start()
-        t0 = time.monotonic()
         assert q.pop(30.0, spin) == 12345
         assert 0.2 < time.monotonic() - t0 < 10.0  # it waited, and was woken, not timed out
     finally:
@@ -216,6 +216,8 @@ def test_wait_count_is_woken_by_the_push_that_completes_the_batch(case):
             assert elapsed >= 3.0, "a push that did not complete the batch woke the consumer"
         else:
             assert elapsed < 20.0
+        proc.join(10)  # a producer slowed down past the timeout may not have pushed yet
+        assert proc.exitcode == 0
         assert [q.try_pop() for _ in values] == values
         assert q.try_pop() is None
     finally:

@@ -419,10 +419,13 @@ def test_env_exception_in_step_is_raised_as_itself(cluster):
 
 
 def test_timeout_names_the_late_actor(cluster):
-    fns = [functools.partial(testenvs.make_sleepy_env, 0.0), functools.partial(testenvs.make_sleepy_env, 3.0)]
+    # Actor 0 must answer a trivial step within the timeout even on a loaded machine (0.5 s was not
+    # always enough, and then the error named actors [0, 1]); actor 1's env sleeps well past it, but
+    # ends within the leak check's grace (its worker only sees the killed actor once the sleep is over).
+    fns = [functools.partial(testenvs.make_sleepy_env, 0.0), functools.partial(testenvs.make_sleepy_env, 8.0)]
     env = None
     try:
-        env = RayShmVecEnv(fns, n_actors=2, timeout=0.5)
+        env = RayShmVecEnv(fns, n_actors=2, timeout=3.0)
         env.reset()
         with pytest.raises(WorkerTimeoutError, match=r"actors \[1\] \(envs 1..1\)"):
             env.step(np.zeros(2, dtype=np.int64))
@@ -628,7 +631,10 @@ def test_pool_actor_killed_mid_step_names_its_envs(cluster):
     """SIGKILL of one actor while its envs step in the pool: the recv that finds it raises
     RayActorDiedError naming actor, node and envs, while the other actor's batches come back
     until then; the pool is broken afterwards and close() releases both nodes."""
-    fns = [functools.partial(testenvs.make_sleepy_env, 0.3)] * 4
+    # Each step sleeps long enough that actor 1 is surely still inside its step when it is killed
+    # (with 0.3 s a stalled driver could kill it only after its batch was back, and then recv
+    # returned envs 2 and 3).
+    fns = [functools.partial(testenvs.make_sleepy_env, 1.0)] * 4
     pool = None
     try:
         pool = RayShmEnvPool(fns, batch_size=2, n_actors=2)
