@@ -33,9 +33,9 @@ from gymnasium.vector.utils import batch_space
 from shmvec import _pool
 from shmvec import _protocol as P
 from shmvec._core import IndexQueue
-from shmvec._errors import ClosedVecEnvError, ShmVecEnvError, WorkerTimeoutError
+from shmvec._errors import ShmVecEnvError, WorkerTimeoutError
 from shmvec._layout import close_mapping, make_gather
-from shmvec.shm_vector_env import _Engine
+from shmvec.shm_vector_env import _Engine, per_env_values, usable_engine
 
 _CLOSE_S = 5.0
 
@@ -316,11 +316,7 @@ class ShmEnvPool:
 
     def set_attr(self, name: str, values: Any) -> None:
         """One value per env (a list or tuple of ``num_envs``), or the same value for all."""
-        if not isinstance(values, (list, tuple)):
-            values = [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise ValueError(f"{len(values)} values for {self.num_envs} envs")
-        self._paused_call("set_wrapper_attr", (name, list(values)))
+        self._paused_call("set_wrapper_attr", (name, per_env_values(values, self.num_envs)))
 
     def render(self) -> tuple[Any, ...]:
         return self._paused_call("render", ())
@@ -365,11 +361,7 @@ class ShmEnvPool:
 
     # ---- internals --------------------------------------------------------------------------------------
     def _usable(self) -> _Engine:
-        engine = self._engine
-        if engine is None or self.closed:
-            raise ClosedVecEnvError(f"this {type(self).__name__} is closed; build a new one")
-        engine._check_usable()
-        return engine
+        return usable_engine(self)
 
     def _start(self) -> None:
         engine = self._engine

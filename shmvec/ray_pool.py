@@ -68,6 +68,7 @@ from gymnasium.vector.utils import batch_space
 
 from shmvec._errors import ShmVecEnvError
 from shmvec.env_pool import _InfoBatch, checked_send_ids
+from shmvec.shm_vector_env import per_env_values
 from shmvec.ray import RayActorDiedError, _concatenator, _RayActorGroup, _split_actions
 from shmvec.vec_env_pool import ShmVecEnvPool
 
@@ -249,11 +250,8 @@ class RayShmEnvPool(_RayActorGroup):
 
     def set_attr(self, name: str, values: Any) -> None:
         """One value per env (a list or tuple of ``num_envs``), or the same value for all."""
-        if not isinstance(values, (list, tuple)):
-            values = [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise ValueError(f"{len(values)} values for {self.num_envs} envs")
-        self._each("set_attr", lambda k: ((name, list(values[self.slices[k].start:self.slices[k].stop])), {}))
+        values = per_env_values(values, self.num_envs)
+        self._each("set_attr", lambda k: ((name, values[self.slices[k].start:self.slices[k].stop]), {}))
 
     def render(self) -> tuple[Any, ...]:
         return self._each("render", lambda k: ((), {}))

@@ -28,6 +28,24 @@ _WORKER_MODE = {
 }
 
 
+def usable_engine(owner: Any) -> _Engine:
+    """``owner._engine`` (of ShmVectorEnv or ShmEnvPool) when it can take a call; raises otherwise."""
+    engine = owner._engine
+    if engine is None or owner.closed:
+        raise ClosedVecEnvError(f"this {type(owner).__name__} is closed; build a new one")
+    engine._check_usable()
+    return engine
+
+
+def per_env_values(values: Any, num_envs: int) -> list:
+    """set_attr's values of the Gymnasium-style faces: one per env (a list or tuple), or one for all."""
+    if not isinstance(values, (list, tuple)):
+        return [values] * num_envs
+    if len(values) != num_envs:
+        raise ValueError(f"{len(values)} values for {num_envs} envs")
+    return list(values)
+
+
 class _Engine(ShmVecEnv):
     """ShmVecEnv's engine with a chosen worker autoreset mode and a raw step (no SB3 infos)."""
 
@@ -280,11 +298,7 @@ class ShmVectorEnv(VectorEnv):
 
     # ---- internals ------------------------------------------------------------------------------------
     def _usable(self) -> _Engine:
-        engine = self._engine
-        if engine is None or self.closed:
-            raise ClosedVecEnvError(f"this {type(self).__name__} is closed; build a new one")
-        engine._check_usable()
-        return engine
+        return usable_engine(self)
 
     def _observations(self) -> Any:
         engine = self._engine
