@@ -147,7 +147,7 @@ class Recovery:
         posted = [w for w in range(self.n_workers) if w not in fresh]
         failed: dict[int, str] = {}
         done = lambda w: words.load(P.word(w, P.DONE_SEQ)) == seqs[w]  # noqa: E731
-        waited = 0.0
+        since = time.monotonic()
         settle_from: float | None = None
         target = 0  # failed workers that never decremented PENDING
         pending = words.load(P.PENDING)
@@ -156,11 +156,10 @@ class Recovery:
             if value is not None:
                 pending = value
                 continue
-            waited += P.POLL_S
             for w in self._dead_workers():
                 if w in posted and w not in failed:
                     failed[w] = self._death_reason(w)
-            if self.timeout is not None and waited >= self.timeout:
+            if self.timeout is not None and time.monotonic() - since >= self.timeout:
                 for w in posted:
                     if w not in failed and not done(w):
                         self._res.processes[w].kill()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import pickle
 import secrets
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from multiprocessing.shared_memory import SharedMemory
@@ -272,7 +273,7 @@ class ShmEnvPool:
             )
         out_q = self._out_q
         ids = self._partial  # kept across calls: a recv() interrupted (Ctrl-C) loses no env
-        waited = 0.0
+        since = time.monotonic()  # reset by every env that arrives
         while len(ids) < n:
             v = out_q.try_pop()
             if v is None and out_q.wait_count(n - len(ids), P.POLL_S, self._spin):
@@ -281,8 +282,7 @@ class ShmEnvPool:
                     v = out_q.pop(P.POLL_S, self._spin)
             if v is None:
                 engine._check_workers_alive("pool recv")
-                waited += P.POLL_S
-                if engine.timeout is not None and waited >= engine.timeout:
+                if engine.timeout is not None and time.monotonic() - since >= engine.timeout:
                     engine._broken = WorkerTimeoutError(
                         f"pool recv: {n - len(ids)} of batch_size={n} envs did not finish within {engine.timeout:g} s. "
                         "An env may hang; call close() (it terminates the workers) and build a new pool."
@@ -294,7 +294,7 @@ class ShmEnvPool:
                 self._stop_workers()
                 engine._complete("pool")  # raises the env's exception (and marks the engine broken)
                 raise ShmVecEnvError(f"worker {v & ~_pool.ERROR_BIT} reported an error that it did not send")
-            waited = 0.0
+            since = time.monotonic()
             ids.append(v)
         self._partial = []
         idx = np.asarray(ids, dtype=np.int64)
