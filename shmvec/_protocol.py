@@ -35,10 +35,9 @@ Between commands every worker is idle and the parent owns every buffer.
              mailbox w, RESULT_LEN[w] <- length; STATUS[w] <- OK or ERROR;
              on ERROR (or infos too large for the mailbox) the details go
              through worker w's pipe *before* step 6
-          6. DONE_SEQ[w] <- seq (release); fetch_add(PENDING, -1) (seq_cst:
-             releases step 5); wake_sleepers(PENDING, PARENT_SLEEPERS) -- every
-             worker, not only the last: the first one done wakes a sleeping
-             parent, which then spins for the others (see below)
+          6. DONE_SEQ[w] <- seq (release); old <- fetch_add(PENDING, -1)
+             (seq_cst: releases step 5); if old == 1:
+             wake_sleepers(PENDING, PARENT_SLEEPERS)
   parent  7. waits while PENDING != 0 (acquire: every worker's step 5 is visible)
           8. reads the buffers; for each worker whose STATUS is ERROR it
              receives the exception from that worker's pipe.
@@ -54,13 +53,8 @@ never lost.  A waiter counts itself in the *_SLEEPERS word before each
 FUTEX_WAIT; a waker fences (seq_cst) after its store and skips the wake
 syscall when the count is 0 -- either it sees the sleeper, or the sleeper's
 FUTEX_WAIT sees the new value (csrc/shmvec_sync.h).  Waiters spin first
-(yielding their core between bursts): a worker only while the parent has
-lately answered within its budget; the parent from the start only when a core
-is free for it (fewer workers than cores), else only once PENDING has dropped
-below n_workers -- a worker that is done only spins, so its core is free, and
-the last completion then reaches the parent without a futex wake-up (tens of
-microseconds on a virtual machine), while the first one's wake-up happens
-while the others still step their envs.
+(yielding their core between bursts): the parent only when a core is free for
+it, a worker only while the parent has lately answered within its budget.
 
 Action masks (sb3-contrib's MaskablePPO)
 ----------------------------------------

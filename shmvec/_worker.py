@@ -239,8 +239,8 @@ class _Worker:
         words.store(P.word(self.index, P.STATUS), status)
         words.store(P.word(self.index, P.RESULT_LEN), result_len)
         words.store(P.word(self.index, P.DONE_SEQ), seq)
-        words.fetch_add(P.PENDING, -1)
-        words.wake_sleepers(P.PENDING, P.PARENT_SLEEPERS)
+        if words.fetch_add(P.PENDING, -1) == 1:
+            words.wake_sleepers(P.PENDING, P.PARENT_SLEEPERS)
 
     def _put_result(self, items: list) -> int:
         if not items:
