@@ -56,9 +56,7 @@ _TERMINATE_JOIN_S = 1.0
 # core busy stepping envs, a spinning parent takes half of one from a worker.  On its own core
 # it spins as long as the workers do: a parent asleep on an idle (virtual) core wakes up tens
 # of microseconds late (1 worker, 8 CartPoles on 2 cores: 0.69x DummyVecEnv with 50 us of
-# spin, 1.02x with 1000 us).  With a worker per core it sleeps until the first worker is done
-# (woken by it) and then spins DEFAULT_PARENT_SPIN_US on that worker's idle core for the
-# others (_protocol: step 6).  Workers spin adaptively up to their budget (_worker._Worker.serve).
+# spin, 1.02x with 1000 us).  Workers spin adaptively up to their budget (_worker._Worker.serve).
 DEFAULT_WORKER_SPIN_US = 1000.0
 DEFAULT_PARENT_SPIN_US = 1000.0
 # How long to wait to reap a worker whose sentinel says it is gone (for its exit code).
@@ -180,9 +178,8 @@ class ShmVecEnv(Recovery, VecEnv):
         ``WorkerTimeoutError`` (None: wait as long as they are alive).
     :param spin_us: microseconds a waiting side spins (yielding its core between bursts) before
         it sleeps on the futex, as ``(parent, worker)`` or one number for both.  Default: the
-        parent spins up to 1000 us when there are fewer workers than cores (a core of its
-        own), and otherwise only once the first worker is done (on that worker's core); a
-        number given here applies to the whole wait.  Workers spin up to
+        parent spins up to 1000 us only when there are fewer workers than cores (a core of its
+        own), and not at all otherwise; workers spin up to
         1000 us, but only while the parent usually answers within that (a tight stepping loop),
         and sleep at once when it does not (a policy update between steps).
     :param mailbox_bytes: per-worker shared buffer for infos and reset arguments; larger results
@@ -292,14 +289,10 @@ class ShmVecEnv(Recovery, VecEnv):
         self.timeout = timeout
         self.slices = split_envs(n_envs, n_workers)
         self._owner = [w for w, sl in enumerate(self.slices) for _ in sl]  # env index -> its worker
-        spin_us_default = spin_us is None
         if spin_us is None:
             spin_us = (DEFAULT_PARENT_SPIN_US if n_workers < _cores() else 0.0, DEFAULT_WORKER_SPIN_US)
         parent_us, worker_us = spin_us if isinstance(spin_us, tuple) else (spin_us, spin_us)
         self._parent_spin = max(0.0, parent_us) * 1e-6
-        # Once a worker has finished, its core only spins: the parent spins there for the last
-        # ones (unless the user chose the spin times), so their completion needs no futex wake.
-        self._late_spin = DEFAULT_PARENT_SPIN_US * 1e-6 if spin_us_default else self._parent_spin
         self._worker_spin = max(0.0, worker_us) * 1e-6
         self._want_masks = action_masks
 
@@ -716,9 +709,7 @@ class ShmVecEnv(Recovery, VecEnv):
         since = time.monotonic()  # the timeout is real time: a loaded machine makes each poll longer
         pending = words.load(P.PENDING)
         while pending != 0:
-            # Before any worker is done every core may be stepping envs: spin only if one is free.
-            spin = self._parent_spin if pending >= self.n_workers else self._late_spin
-            value = words.wait_while(P.PENDING, pending, P.POLL_S, spin, P.PARENT_SLEEPERS)
+            value = words.wait_while(P.PENDING, pending, P.POLL_S, self._parent_spin, P.PARENT_SLEEPERS)
             if value is not None:
                 pending = value
                 continue
