@@ -393,3 +393,19 @@ def test_preset_targets_and_bad_points(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--points", "CartPole-v1"])
     assert "not ENV:N" in capsys.readouterr().err
+
+
+def test_step_timeline_stamps_every_interval():
+    """bench/step_timeline.py (in a process of its own: it wraps ShmVecEnv's methods while it runs):
+    every interval is there, the bodies and the period are positive, and the period holds the body."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
+    done = subprocess.run([sys.executable, os.path.join("bench", "step_timeline.py"), "--n-envs", "6", "--steps", "80",
+                           "--n-workers", "2", "--json"], capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["n_envs"] == 6 and out["n_workers"] == 2 and out["steps_per_s"] > 0
+    assert len(out["worker_body_us"]) == 2 and len(out["post_to_worker_begin_us"]) == 2
+    assert all(b > 0 for b in out["worker_body_us"]) and all(b > 0 for b in out["post_to_worker_begin_us"])
+    assert out["period_us"] >= max(out["worker_body_us"]) > 0
+    assert out["parent_post_us"] > 0 and out["last_end_to_wait_return_us"] > 0
+    assert out["wait_return_to_step_wait_end_us"] > 0 and out["worker_skew_us"] >= 0
