@@ -36,7 +36,7 @@ from shmvec import _protocol as P
 from shmvec._core import IndexQueue
 from shmvec._errors import ShmVecEnvError, WorkerTimeoutError
 from shmvec._layout import close_mapping, make_gather
-from shmvec.shm_vector_env import _Engine, per_env_values, usable_engine
+from shmvec.shm_vector_env import _Engine, gym_vector_seeds, per_env_values, usable_engine
 
 _CLOSE_S = 5.0
 
@@ -206,14 +206,7 @@ class ShmEnvPool:
         :param options: passed to every env's ``reset``.
         """
         engine = self._usable()
-        if seed is None:
-            seeds: list[int | None] = [None] * self.num_envs
-        elif isinstance(seed, (int, np.integer)):
-            seeds = [int(seed) + i for i in range(self.num_envs)]
-        else:
-            seeds = list(seed)
-        if len(seeds) != self.num_envs:
-            raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
+        seeds = gym_vector_seeds(seed, self.num_envs)
         self._stop()
         while self._out_q.try_pop() is not None:  # results nobody will receive
             pass

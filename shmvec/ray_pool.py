@@ -68,7 +68,7 @@ from gymnasium.vector.utils import batch_space
 
 from shmvec._errors import ShmVecEnvError
 from shmvec.env_pool import _InfoBatch, checked_send_ids
-from shmvec.shm_vector_env import per_env_values
+from shmvec.shm_vector_env import gym_vector_seeds, per_env_values
 from shmvec.ray import RayActorDiedError, _concatenator, _RayActorGroup, _split_actions
 from shmvec.vec_env_pool import ShmVecEnvPool
 
@@ -163,14 +163,7 @@ class RayShmEnvPool(_RayActorGroup):
         :param options: passed to every env's ``reset``.
         """
         self._check_usable()
-        if seed is None:
-            seeds: list[int | None] = [None] * self.num_envs
-        elif isinstance(seed, (int, np.integer)):
-            seeds = [int(seed) + i for i in range(self.num_envs)]
-        else:
-            seeds = list(seed)
-        if len(seeds) != self.num_envs:
-            raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
+        seeds = gym_vector_seeds(seed, self.num_envs)
         # Each reset queues behind its actor's outstanding calls; their results are dropped.
         self._arrived = []
         self._sends = []

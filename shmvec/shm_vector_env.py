@@ -46,6 +46,21 @@ def per_env_values(values: Any, num_envs: int) -> list:
     return list(values)
 
 
+def gym_vector_seeds(seed: Any, num_envs: int) -> list:
+    """reset's ``seed`` of the Gymnasium-style faces as one seed (or None) per env: None (unseeded),
+    an int (env i gets ``seed + i``, as Gymnasium's vector envs) or a list of one per env."""
+    if seed is None:
+        return [None] * num_envs
+    if isinstance(seed, (int, np.integer)):
+        return [int(seed) + i for i in range(num_envs)]
+    seeds = list(seed)
+    if len(seeds) != num_envs:
+        raise ValueError(
+            f"If seeds are passed as a list the length must match num_envs={num_envs} but got length={len(seeds)}."
+        )
+    return seeds
+
+
 class _Engine(ShmVecEnv):
     """ShmVecEnv's engine with a chosen worker autoreset mode and a raw step (no SB3 infos)."""
 
@@ -175,16 +190,7 @@ class ShmVectorEnv(VectorEnv):
         :raises WorkerDiedError: a worker died; the original exception type if an env raised.
         """
         engine = self._usable()
-        if seed is None:
-            seeds: list[int | None] = [None] * self.num_envs
-        elif isinstance(seed, (int, np.integer)):
-            seeds = [int(seed) + i for i in range(self.num_envs)]
-        else:
-            seeds = list(seed)
-        if len(seeds) != self.num_envs:
-            raise ValueError(
-                f"If seeds are passed as a list the length must match num_envs={self.num_envs} but got length={len(seeds)}."
-            )
+        seeds = gym_vector_seeds(seed, self.num_envs)
         mask = None
         if options is not None and "reset_mask" in options:
             options = dict(options)
