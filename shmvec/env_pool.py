@@ -266,7 +266,10 @@ class ShmEnvPool:
             )
         out_q = self._out_q
         ids = self._partial  # kept across calls: a recv() interrupted (Ctrl-C) loses no env
-        since = time.monotonic()  # reset by every env that arrives
+        # The timeout counts real time since the last env arrived; stamped only once a poll times
+        # out (an env's arrival just forgets the stamp), so the hot path reads no clock.
+        since: float | None = None
+        stamped_at = len(ids)
         while len(ids) < n:
             v = out_q.try_pop()
             if v is None and out_q.wait_count(n - len(ids), P.POLL_S, self._spin):
@@ -275,7 +278,10 @@ class ShmEnvPool:
                     v = out_q.pop(P.POLL_S, self._spin)
             if v is None:
                 engine._check_workers_alive("pool recv")
-                if engine.timeout is not None and time.monotonic() - since >= engine.timeout:
+                now = time.monotonic()
+                if since is None or stamped_at != len(ids):
+                    since, stamped_at = now - P.POLL_S, len(ids)  # this poll waited POLL_S already
+                if engine.timeout is not None and now - since >= engine.timeout:
                     engine._broken = WorkerTimeoutError(
                         f"pool recv: {n - len(ids)} of batch_size={n} envs did not finish within {engine.timeout:g} s. "
                         "An env may hang; call close() (it terminates the workers) and build a new pool."
@@ -287,7 +293,6 @@ class ShmEnvPool:
                 self._stop_workers()
                 engine._complete("pool")  # raises the env's exception (and marks the engine broken)
                 raise ShmVecEnvError(f"worker {v & ~_pool.ERROR_BIT} reported an error that it did not send")
-            since = time.monotonic()
             ids.append(v)
         self._partial = []
         idx = np.asarray(ids, dtype=np.int64)
