@@ -343,6 +343,26 @@ def test_interrupted_recv_loses_no_env_and_timeout_is_reported():
         pool.close()  # terminates the sleeping workers
 
 
+def test_recv_timeout_counts_from_the_last_env_that_arrived():
+    """timeout=0.6 with env 0 back after 0.4 s and env 1 hung: recv raises 0.6 s after env 0
+    arrived (about 1 s in), not 0.6 s after it began."""
+    import time
+
+    from shmvec import WorkerTimeoutError
+
+    fns = [functools.partial(testenvs.make_sleepy_env, 0.4), functools.partial(testenvs.make_sleepy_env, 60.0)]
+    pool = ShmEnvPool(fns, batch_size=2, n_workers=2, start_method="fork", timeout=0.6)
+    try:
+        pool.reset()  # returns the first batch (both envs)
+        pool.send(np.zeros(2, dtype=np.int64), [0, 1])
+        t0 = time.monotonic()
+        with pytest.raises(WorkerTimeoutError, match="1 of batch_size=2 envs did not finish within 0.6 s"):
+            pool.recv()
+        assert 0.95 < time.monotonic() - t0 < 10.0
+    finally:
+        pool.close()  # terminates the sleeping worker
+
+
 def test_info_larger_than_its_slot_names_the_env():
     from shmvec._pool import InfoTooLargeError
 
