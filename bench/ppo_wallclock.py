@@ -87,7 +87,9 @@ def run(cls, n_envs: int, args: argparse.Namespace) -> dict:
     if cls is ShmVecEnv:
         kwargs = {"n_workers": args.n_workers}
         if args.spin_us is not None:
-            kwargs["spin_us"] = args.spin_us
+            if len(args.spin_us) > 2:
+                raise SystemExit("--spin-us takes one number (both sides) or two (PARENT WORKER)")
+            kwargs["spin_us"] = args.spin_us[0] if len(args.spin_us) == 1 else tuple(args.spin_us)
     start = time.perf_counter()
     env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=0, vec_env_cls=cls, wrapper_class=wrapper,
                        vec_env_kwargs=kwargs)
@@ -117,8 +119,9 @@ def main() -> None:
     parser.add_argument("--n-epochs", type=int, default=2)
     parser.add_argument("--busy-us", type=float, default=0.0)
     parser.add_argument("--n-workers", type=int, default=None)
-    parser.add_argument("--spin-us", type=float, default=None,
-                        help="ShmVecEnv spin_us (default: its own); 0 makes waiting workers sleep at once")
+    parser.add_argument("--spin-us", type=float, nargs="+", default=None, metavar="US",
+                        help="ShmVecEnv spin_us: one number for both sides, or PARENT WORKER "
+                             "(default: its own); 0 makes a waiting side sleep at once")
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs of each backend, alternating (the summary gives medians)")
     parser.add_argument("--subproc", action="store_true", help="also time SubprocVecEnv (slow at many envs)")

@@ -100,7 +100,10 @@ class PoolServer:
         from multiprocessing.shared_memory import SharedMemory
 
         self.worker = worker
-        self.spin = spin
+        # An idle pool worker spins at most POOL_SPIN_S on every empty pop (its spin is not
+        # adaptive): the longer budget of the synchronous step loop is for a policy's forward
+        # pass between steps, which a pool worker does not wait for as a whole.
+        self.spin = min(spin, P.POOL_SPIN_S)
         self.layout = layout = PoolLayout(slices, info_bytes)
         self.shm = SharedMemory(name=shm_name)
         buf = self.shm.buf

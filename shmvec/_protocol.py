@@ -175,6 +175,8 @@ def word(worker: int, offset: int) -> int:
 POLL_S = 0.05
 # How often an idle worker checks that its parent is alive (seconds).
 PARENT_POLL_S = 0.2
+# Longest spin of an idle pool worker before it sleeps on its queue (seconds).
+POOL_SPIN_S = 1e-3
 # Shortest spin before a futex sleep (seconds): catches answers already on their way.
 MIN_SPIN_S = 2e-6
 # Autoreset modes of a worker (see the module docstring).

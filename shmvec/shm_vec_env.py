@@ -56,8 +56,14 @@ _TERMINATE_JOIN_S = 1.0
 # core busy stepping envs, a spinning parent takes half of one from a worker.  On its own core
 # it spins as long as the workers do: a parent asleep on an idle (virtual) core wakes up tens
 # of microseconds late (1 worker, 8 CartPoles on 2 cores: 0.69x DummyVecEnv with 50 us of
-# spin, 1.02x with 1000 us).  Workers spin adaptively up to their budget (_worker._Worker.serve).
-DEFAULT_WORKER_SPIN_US = 1000.0
+# spin, 1.02x with 1000 us).  Workers spin adaptively up to their budget (_worker._Worker.serve):
+# while the parent's gaps between steps stay under it.  5000 us covers a PPO policy's forward
+# pass and SB3's bookkeeping at a few hundred envs (about 1.5 ms at 256 CartPoles); with 1000
+# us the workers slept through that gap, and a worker woken on an idle virtual core started
+# its step a few hundred microseconds late (bench/ppo_wallclock.py --n-envs 64 256 --spin-us 0
+# 1000 against 0 5000, 2 alternating pairs: env step 0.41 s against 0.35 s at 256 envs, 1.16x
+# and 1.21x against 1.43x and 1.30x DummyVecEnv; level at 64 envs).
+DEFAULT_WORKER_SPIN_US = 5000.0
 DEFAULT_PARENT_SPIN_US = 1000.0
 # How long to wait to reap a worker whose sentinel says it is gone (for its exit code).
 _DIED_JOIN_S = 1.0
@@ -180,8 +186,9 @@ class ShmVecEnv(Recovery, VecEnv):
         it sleeps on the futex, as ``(parent, worker)`` or one number for both.  Default: the
         parent spins up to 1000 us only when there are fewer workers than cores (a core of its
         own), and not at all otherwise; workers spin up to
-        1000 us, but only while the parent usually answers within that (a tight stepping loop),
-        and sleep at once when it does not (a policy update between steps).
+        5000 us, but only while the parent usually answers within that (a stepping loop, or a
+        small policy's forward pass between steps), and sleep at once when it does not (a
+        policy update between rollouts).
     :param mailbox_bytes: per-worker shared buffer for infos and reset arguments; larger results
         travel through the worker's pipe instead.
     :param on_failure: what a failed worker (it died, one of its envs raised in ``step``/``reset``,
