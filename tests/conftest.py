@@ -33,6 +33,16 @@ import torch
 # 2-core machine, with the vec env's worker processes (and make PPO tests 30x slower).
 torch.set_num_threads(1)
 
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for this test even if an earlier one changed it (see above), restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "shmvec"
 GRACE_S = 2.0

@@ -57,3 +57,29 @@ def close_all(*envs: Any) -> None:
     if first is not None:
         raise first
 
+
+
+POOL_INFO_KEYS = frozenset({"env_id", "pool_obs", "pool_action"})
+
+
+def assert_pool_matches_dummy(env: Any, ref: Any, steps: int, n_actions: int, check_step: Any = None) -> int:
+    """Seeds and resets both, then steps ``env`` (an SB3-face pool with a full batch) and ``ref``
+    (a DummyVecEnv) with the same random actions, asserting equal obs, rewards, dones and infos
+    (the pool's own info keys aside); ``check_step(infos)`` adds checks.  Returns the episodes ended."""
+    ref.seed(3)
+    env.seed(3)
+    assert_same(env.reset(), ref.reset(), "reset", strict_dtype=True)
+    rng = np.random.default_rng(0)
+    ended = 0
+    for t in range(steps):
+        act = rng.integers(0, n_actions, size=env.num_envs)
+        obs_r, rew_r, done_r, infos_r = ref.step(act)
+        obs_s, rew_s, done_s, infos_s = env.step(act)
+        assert_same(obs_s, obs_r, f"step {t} obs", strict_dtype=True)
+        assert_same(rew_s, rew_r, f"step {t} rewards", strict_dtype=True)
+        assert_same(done_s, done_r, f"step {t} dones", strict_dtype=True)
+        assert_same(infos_s, infos_r, f"step {t} infos", ignore=POOL_INFO_KEYS)
+        if check_step is not None:
+            check_step(infos_s)
+        ended += int(done_r.sum())
+    return ended

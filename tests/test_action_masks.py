@@ -156,14 +156,6 @@ def _maskable_ppo(venv, seed=0):
                        policy_kwargs={"net_arch": [32]}, verbose=0)
 
 
-@pytest.fixture
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_maskable_ppo_trains_and_matches_dummy_vec_env(one_torch_thread):
     """Same seeds: MaskablePPO collects the same rollouts through both, so ends with the same weights."""
     results = []

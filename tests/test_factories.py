@@ -472,17 +472,6 @@ if __name__ == "__main__":
 '''
 
 
-@pytest.fixture
-def one_torch_thread():
-    """A tiny MLP on a busy machine: torch's extra threads only spin against the workers (30x slower)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_ppo_trained_saved_and_continued_in_a_fresh_spawned_interpreter(tmp_path, one_torch_thread):
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import VecMonitor

@@ -118,14 +118,6 @@ def test_vec_normalize_statistics_save_and_load(tmp_path):
         close_all(env, fresh)
 
 
-@pytest.fixture
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_ppo_with_vec_normalize_over_shm_vec_env_matches_dummy_vec_env(one_torch_thread):
     params = []
     for cls in (DummyVecEnv, ShmVecEnv):
