@@ -15,9 +15,12 @@ What happens to invalid actions is the vec env's ``invalid_actions`` option:
 env indices, and nothing is sent), ``"warn"`` (:class:`InvalidActionWarning`,
 then the actions are sent as they are) or ``"ignore"`` (no check at all).
 
-Each check is one or two numpy reductions over the batch (about 2 us for 64
-envs, see the README); the indices of the faulty envs are only computed once a
-check has failed.
+The usual batch (an ndarray of the leaf's shape and dtype) is checked and copied
+in one C loop (``shmvec._core.copy_actions``, about 0.15 us for 64 envs; the
+arguments per leaf come from :func:`make_fast_copies`).  Anything else, and any
+batch that fails, takes the Python path: one or two numpy reductions over the
+batch (about 2 us for 64 envs), and the indices of the faulty envs are only
+computed once a check has failed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any, Callable
 import numpy as np
 from gymnasium import spaces
 
+from shmvec._core import ACTIONS_COPY, ACTIONS_NO_NAN, ACTIONS_RANGE
 from shmvec._errors import InvalidActionError, InvalidActionWarning
 
 INVALID_ACTIONS = ("raise", "warn", "ignore")
@@ -58,6 +62,31 @@ def make_action_checks(action_space: spaces.Space, paths: list[tuple], policy: s
         if check is not None:
             checks[path] = check
     return checks
+
+
+def make_fast_copies(action_space: spaces.Space, paths: list[tuple], policy: str) -> dict[tuple, tuple[int, int, int]]:
+    """Per leaf path, the arguments ``(check, start, size)`` of ``shmvec._core.copy_actions``.
+
+    ``copy_actions`` copies a batch that needs no conversion and checks it in one C loop (the
+    same check as :func:`make_action_checks`'s); a leaf missing here, or a batch it turns down,
+    takes the Python path (``ShmVecEnv._write_leaf``), which also names the faulty envs.
+    """
+    fast: dict[tuple, tuple[int, int, int]] = {}
+    for path in paths:
+        space = subspace(action_space, path)
+        if policy == "ignore":
+            fast[path] = (ACTIONS_COPY, 0, 0)
+        elif isinstance(space, spaces.Box):
+            fast[path] = (ACTIONS_NO_NAN, 0, 0) if np.dtype(space.dtype).kind == "f" else (ACTIONS_COPY, 0, 0)
+        elif isinstance(space, spaces.Discrete):
+            fast[path] = (ACTIONS_RANGE, int(space.start), int(space.n))
+        elif isinstance(space, spaces.MultiDiscrete):
+            start, nvec = np.asarray(space.start).ravel(), np.asarray(space.nvec).ravel()
+            if start.size and (start == start[0]).all() and (nvec == nvec[0]).all():
+                fast[path] = (ACTIONS_RANGE, int(start[0]), int(nvec[0]))
+        elif isinstance(space, spaces.MultiBinary):
+            fast[path] = (ACTIONS_RANGE, 0, 2)
+    return fast
 
 
 def exact_integers(arr: np.ndarray, dtype: np.dtype) -> np.ndarray | None:

@@ -299,3 +299,149 @@ cdef class IndexQueue:
             PyErr_CheckSignals()
             return None
         raise OSError(-rc, "queue pop failed")
+
+
+# ---- hot-path helpers over numpy arrays -------------------------------------------------------------
+#
+# Per env and per step, shmvec's Python code used numpy's Python API: a worker wrote each
+# observation with ``buf[i] = obs`` after checking its type, shape and dtype (about 0.6 us per
+# env), and the parent checked and copied the actions and built SB3's info dicts with a handful
+# of numpy calls (a few us per step).  These helpers do the same work in one C loop for the
+# common case and hand anything else back to the Python path, which checks, casts and raises
+# as before: both paths end in the same bytes.
+
+cimport numpy as cnp
+from libc.string cimport memcpy
+
+cnp.import_array()
+
+cdef inline bint _same_dtype(cnp.ndarray a, cnp.dtype d):
+    cdef cnp.dtype ad = <cnp.dtype>cnp.PyArray_DESCR(a)
+    return ad is d or cnp.PyArray_EquivTypes(ad, d)
+
+
+cdef class RowWriter:
+    """``w(i, value)`` writes ``value`` into row ``i`` of ``dst`` (a C-contiguous ndarray).
+
+    Fast path: ``value`` is an ndarray (exact type), C-contiguous, of exactly the row's shape
+    and of a dtype equivalent to ``dst``'s; its bytes are copied.  Anything else (another
+    dtype, a list, a scalar, a subclass, a wrong shape, ``i`` out of range) goes to
+    ``slow(i, value)``, which converts, checks and raises (``shmvec._layout``).
+    """
+
+    cdef cnp.ndarray dst
+    cdef char *base
+    cdef Py_ssize_t n_rows
+    cdef Py_ssize_t row_bytes
+    cdef int ndim
+    cdef cnp.npy_intp *dims
+    cdef cnp.dtype dtype
+    cdef readonly object slow
+
+    def __cinit__(self, cnp.ndarray dst not None, slow not None):
+        if cnp.PyArray_NDIM(dst) < 1 or not cnp.PyArray_IS_C_CONTIGUOUS(dst):
+            raise ValueError("RowWriter needs a C-contiguous array with at least one axis")
+        self.dst = dst
+        self.base = <char *>cnp.PyArray_DATA(dst)
+        self.n_rows = cnp.PyArray_DIM(dst, 0)
+        self.ndim = cnp.PyArray_NDIM(dst) - 1
+        self.dims = cnp.PyArray_DIMS(dst) + 1
+        self.row_bytes = cnp.PyArray_ITEMSIZE(dst)
+        cdef int k
+        for k in range(self.ndim):
+            self.row_bytes *= self.dims[k]
+        self.dtype = <cnp.dtype>cnp.PyArray_DESCR(dst)
+        self.slow = slow
+
+    def __call__(self, Py_ssize_t i, value):
+        cdef cnp.ndarray v
+        cdef int k
+        if type(value) is cnp.ndarray and 0 <= i < self.n_rows:
+            v = <cnp.ndarray>value
+            if cnp.PyArray_NDIM(v) == self.ndim and cnp.PyArray_IS_C_CONTIGUOUS(v) and _same_dtype(v, self.dtype):
+                for k in range(self.ndim):
+                    if cnp.PyArray_DIMS(v)[k] != self.dims[k]:
+                        break
+                else:
+                    memcpy(self.base + i * self.row_bytes, cnp.PyArray_DATA(v), self.row_bytes)
+                    return
+        self.slow(i, value)
+
+
+ACTIONS_COPY = 0      # copy only (integer Box, or invalid_actions="ignore")
+ACTIONS_RANGE = 1     # int64: start <= a < start + size (Discrete, uniform MultiDiscrete)
+ACTIONS_NO_NAN = 2    # float32 / float64: no NaN (float Box)
+
+
+def copy_actions(value, cnp.ndarray dst not None, int check, long long start=0, long long size=0):
+    """Copies a batch of actions into ``dst`` if it needs no conversion and passes ``check``.
+
+    Returns True when it copied.  False (nothing written) when ``value`` is not a C-contiguous
+    ndarray of ``dst``'s shape and dtype, or a value fails the check: the caller's Python path
+    then reshapes, casts, names the faulty envs and raises (or warns).
+    """
+    if type(value) is not cnp.ndarray:
+        return False
+    cdef cnp.ndarray v = <cnp.ndarray>value
+    cdef int k, nd = cnp.PyArray_NDIM(dst)
+    if cnp.PyArray_NDIM(v) != nd or not cnp.PyArray_IS_C_CONTIGUOUS(v) or not cnp.PyArray_IS_C_CONTIGUOUS(dst):
+        return False
+    for k in range(nd):
+        if cnp.PyArray_DIMS(v)[k] != cnp.PyArray_DIMS(dst)[k]:
+            return False
+    if not _same_dtype(v, <cnp.dtype>cnp.PyArray_DESCR(dst)):
+        return False
+    cdef Py_ssize_t j, n = cnp.PyArray_SIZE(v)
+    cdef int typenum = cnp.PyArray_TYPE(v)
+    cdef const long long *ints
+    cdef const float *f32
+    cdef const double *f64
+    if check == ACTIONS_RANGE:
+        if typenum != cnp.NPY_INT64 or size <= 0:
+            return False
+        ints = <const long long *>cnp.PyArray_DATA(v)
+        for j in range(n):
+            if <unsigned long long>ints[j] - <unsigned long long>start >= <unsigned long long>size:  # both bounds (wraps)
+                return False
+    elif check == ACTIONS_NO_NAN:
+        if typenum == cnp.NPY_FLOAT32:
+            f32 = <const float *>cnp.PyArray_DATA(v)
+            for j in range(n):
+                if f32[j] != f32[j]:
+                    return False
+        elif typenum == cnp.NPY_FLOAT64:
+            f64 = <const double *>cnp.PyArray_DATA(v)
+            for j in range(n):
+                if f64[j] != f64[j]:
+                    return False
+        else:
+            return False
+    elif check != ACTIONS_COPY:
+        raise ValueError(f"unknown action check {check}")
+    memcpy(cnp.PyArray_DATA(dst), cnp.PyArray_DATA(v), n * cnp.PyArray_ITEMSIZE(v))
+    return True
+
+
+def step_infos(cnp.ndarray terminated not None, cnp.ndarray truncated not None, cnp.ndarray dones not None):
+    """SB3's per-step bookkeeping in one pass over the flags of all envs.
+
+    Writes ``dones = terminated | truncated`` and returns ``(infos, done_indices)``: one new
+    ``{"TimeLimit.truncated": truncated and not terminated}`` per env, and the indices of the
+    envs that are done.  All three arrays are 1-D, C-contiguous and of dtype bool.
+    """
+    cdef Py_ssize_t i, n = cnp.PyArray_DIM(terminated, 0)
+    for a in (terminated, truncated, dones):
+        if (cnp.PyArray_NDIM(a) != 1 or cnp.PyArray_DIM(a, 0) != n or cnp.PyArray_TYPE(a) != cnp.NPY_BOOL
+                or not cnp.PyArray_IS_C_CONTIGUOUS(a)):
+            raise ValueError("step_infos needs three 1-D contiguous bool arrays of one length")
+    cdef const unsigned char *te = <const unsigned char *>cnp.PyArray_DATA(terminated)
+    cdef const unsigned char *tr = <const unsigned char *>cnp.PyArray_DATA(truncated)
+    cdef unsigned char *d = <unsigned char *>cnp.PyArray_DATA(dones)
+    cdef list infos = []
+    cdef list done = []
+    for i in range(n):
+        d[i] = 1 if (te[i] or tr[i]) else 0
+        infos.append({"TimeLimit.truncated": True if (tr[i] and not te[i]) else False})
+        if d[i]:
+            done.append(i)
+    return infos, done

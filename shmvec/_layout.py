@@ -17,6 +17,7 @@ import numpy as np
 from gymnasium import spaces
 
 from shmvec import _protocol as P
+from shmvec._core import RowWriter
 from shmvec._errors import ObservationError, SpaceError
 
 if TYPE_CHECKING:
@@ -247,6 +248,10 @@ def _scatter(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], wh
             raise ObservationError(f"{field} has shape {np.shape(value)}, the space declares {shape}")
         arr[i] = value
 
+    if arr.flags.c_contiguous and arr.ndim >= 1:
+        # The usual case (an ndarray of the row's shape and dtype) as one memcpy in C; anything
+        # else falls through to scatter_leaf, which converts, checks and raises as before.
+        return RowWriter(arr, scatter_leaf)
     return scatter_leaf
 
 

@@ -26,8 +26,8 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices,
 
 from shmvec import _masks
 from shmvec import _protocol as P
-from shmvec._actions import INVALID_ACTIONS, exact_integers, make_action_checks
-from shmvec._core import Words
+from shmvec._actions import INVALID_ACTIONS, exact_integers, make_action_checks, make_fast_copies
+from shmvec._core import Words, copy_actions, step_infos
 from shmvec._errors import (
     AlreadyPendingCallError,
     BrokenVecEnvError,
@@ -390,6 +390,7 @@ class ShmVecEnv(Recovery, VecEnv):
         self._act_leaves = list(layout.act_leaves)
         self._act_checks = make_action_checks(act_space, [leaf.path for leaf in layout.act_leaves],
                                               self.invalid_actions)
+        self._act_fast = make_fast_copies(act_space, [leaf.path for leaf in layout.act_leaves], self.invalid_actions)
         super().__init__(layout.n_envs, obs_space, act_space)
         self.metadata = metadata
 
@@ -478,16 +479,15 @@ class ShmVecEnv(Recovery, VecEnv):
             self.waiting = False
         views = self._views
         terminated, truncated = views.terminated, views.truncated
-        dones = terminated | truncated
-        time_limit = (truncated & ~terminated).tolist()
-        infos: list[dict[str, Any]] = [{"TimeLimit.truncated": t} for t in time_limit]
-        done_indices = np.flatnonzero(dones).tolist()
+        dones = np.empty(self.num_envs, dtype=bool)
+        # dones = terminated | truncated; infos[i] = {"TimeLimit.truncated": truncated and not terminated}
+        infos, done_indices = step_infos(terminated, truncated, dones)
         for i in done_indices:
             self.reset_infos[i] = {}  # replaced below when the env's reset returned a non-empty info
         for items in results:
             for i, info, reset_info in items:
                 if info:
-                    info["TimeLimit.truncated"] = time_limit[i]
+                    info["TimeLimit.truncated"] = infos[i]["TimeLimit.truncated"]
                     infos[i] = info
                 if reset_info is not None:
                     self.reset_infos[i] = reset_info
@@ -662,6 +662,9 @@ class ShmVecEnv(Recovery, VecEnv):
             self._write_leaf(leaf, value)
 
     def _write_leaf(self, leaf: Any, value: Any) -> None:
+        fast = self._act_fast.get(leaf.path)
+        if fast is not None and copy_actions(value, self._views.act[leaf.path], *fast):
+            return  # an ndarray of the right shape and dtype whose values pass the check
         arr = np.asarray(value)
         shape = (self.num_envs, *leaf.shape)
         if arr.shape != shape:

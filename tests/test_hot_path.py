@@ -1,0 +1,221 @@
+"""The C fast paths of the hot loop (``shmvec._core``: RowWriter, copy_actions, step_infos).
+
+Each must write exactly what the Python path it short-cuts writes, and hand everything it does
+not take (another dtype, shape or type, a failed check) back to that path unchanged.  End to end,
+``test_equivalence`` compares every step with DummyVecEnv; here each helper is checked alone,
+against numpy, on the cases where the two paths part.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+from shmvec import InvalidActionError, ObservationError, _core
+from shmvec._actions import make_action_checks, make_fast_copies
+from shmvec._core import ACTIONS_COPY, ACTIONS_NO_NAN, ACTIONS_RANGE, RowWriter, copy_actions, step_infos
+from shmvec._layout import make_scatter
+
+
+class _Recorder:
+    """The slow path: records what it was handed and writes it as numpy would."""
+
+    def __init__(self, dst: np.ndarray) -> None:
+        self.dst, self.calls = dst, []
+
+    def __call__(self, i: int, value) -> None:
+        self.calls.append(i)
+        self.dst[i] = value
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.uint8, np.int64, np.bool_])
+@pytest.mark.parametrize("row", [(), (3,), (2, 5), (4, 3, 2)])
+def test_row_writer_fast_path_writes_the_row_and_nothing_else(dtype, row):
+    rng = np.random.default_rng(0)
+    dst = np.zeros((6, *row), dtype=dtype)
+    slow = _Recorder(dst)
+    w = RowWriter(dst, slow)
+    value = np.asarray((rng.random(row) * 100).astype(dtype))  # 0-d: an array, not a scalar
+    w(4, value)
+    assert slow.calls == []  # took the fast path
+    expected = np.zeros_like(dst)
+    expected[4] = value
+    np.testing.assert_array_equal(dst, expected)
+
+
+@pytest.mark.parametrize("value", [
+    np.arange(4, dtype=np.float64),                      # another dtype: numpy casts
+    [1.0, 2.0, 3.0, 4.0],                                # a list
+    np.arange(8, dtype=np.float32)[::2],                 # not contiguous
+    np.arange(4, dtype=np.float32).reshape(1, 4),        # another shape
+    np.arange(3, dtype=np.float32),                      # another length
+    np.ma.masked_array(np.arange(4, dtype=np.float32)),  # a subclass
+])
+def test_row_writer_hands_anything_else_to_the_slow_path(value):
+    dst = np.zeros((3, 4), dtype=np.float32)
+    slow = _Recorder(dst)
+    w = RowWriter(dst, slow)
+    try:
+        w(1, value)
+    except ValueError:
+        pass  # numpy refuses the shape: what the slow path would raise anyway
+    assert slow.calls == [1]
+
+
+def test_row_writer_index_out_of_range_goes_to_the_slow_path_which_raises():
+    dst = np.zeros((3, 4), dtype=np.float32)
+    w = RowWriter(dst, _Recorder(dst))
+    with pytest.raises(IndexError):
+        w(3, np.zeros(4, np.float32))
+    with pytest.raises(IndexError):
+        w(-4, np.zeros(4, np.float32))
+
+
+def test_row_writer_takes_an_equivalent_byte_order():
+    dst = np.zeros((2, 3), dtype=np.float32)
+    slow = _Recorder(dst)
+    w = RowWriter(dst, slow)
+    native = np.dtype(np.float32).newbyteorder("=")
+    w(0, np.array([1, 2, 3], dtype=native))
+    swapped = np.array([4, 5, 6], dtype=np.dtype(np.float32).newbyteorder("S"))
+    w(1, swapped)  # not equivalent: numpy converts it
+    assert slow.calls == [1]
+    np.testing.assert_array_equal(dst, [[1, 2, 3], [4, 5, 6]])
+
+
+def test_row_writer_refuses_a_non_contiguous_destination():
+    with pytest.raises(ValueError, match="C-contiguous"):
+        RowWriter(np.zeros((4, 6), np.float32)[:, ::2], lambda i, v: None)
+    with pytest.raises(ValueError):
+        RowWriter(np.zeros((), np.float32), lambda i, v: None)
+
+
+def test_scatter_keeps_its_errors_behind_the_fast_path():
+    space = spaces.Dict({"pos": spaces.Box(-1, 1, (3,), np.float32), "n": spaces.Discrete(4)})
+    leaves = {("pos",): np.zeros((2, 3), np.float32), ("n",): np.zeros(2, np.int64)}
+    scatter = make_scatter(space, leaves, "observation")
+    scatter(1, {"pos": np.ones(3, np.float32), "n": np.int64(3)})
+    np.testing.assert_array_equal(leaves[("pos",)], [[0, 0, 0], [1, 1, 1]])
+    assert leaves[("n",)].tolist() == [0, 3]
+    with pytest.raises(ObservationError, match=r"observation\['pos'\] has shape \(4,\)"):
+        scatter(0, {"pos": np.ones(4, np.float32), "n": 0})
+    with pytest.raises(ObservationError, match="does not cast"):
+        scatter(0, {"pos": np.ones(3, np.complex64), "n": 0})
+
+
+# ---- copy_actions -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("start,size", [(0, 2), (-3, 7), (5, 1)])
+def test_copy_actions_range_accepts_exactly_start_to_start_plus_size(start, size):
+    dst = np.full(6, 99, np.int64)
+    ok = np.arange(6, dtype=np.int64) % size + start
+    assert copy_actions(ok, dst, ACTIONS_RANGE, start, size)
+    np.testing.assert_array_equal(dst, ok)
+    for bad_value in (start - 1, start + size, np.iinfo(np.int64).min, np.iinfo(np.int64).max):
+        bad = ok.copy()
+        bad[3] = bad_value
+        before = dst.copy()
+        assert not copy_actions(bad, dst, ACTIONS_RANGE, start, size)
+        np.testing.assert_array_equal(dst, before)  # nothing written
+
+
+def test_copy_actions_range_multidimensional():
+    dst = np.zeros((4, 3), np.int64)
+    ok = np.random.default_rng(0).integers(0, 5, (4, 3))
+    assert copy_actions(ok, dst, ACTIONS_RANGE, 0, 5)
+    np.testing.assert_array_equal(dst, ok)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_copy_actions_nan_check(dtype):
+    dst = np.zeros((3, 2), dtype)
+    ok = np.array([[np.inf, -1e30], [0, 1], [-np.inf, 2]], dtype)  # inf passes, as in the Python check
+    assert copy_actions(ok, dst, ACTIONS_NO_NAN)
+    np.testing.assert_array_equal(dst, ok)
+    bad = ok.copy()
+    bad[1, 0] = np.nan
+    assert not copy_actions(bad, dst, ACTIONS_NO_NAN)
+    np.testing.assert_array_equal(dst, ok)
+
+
+@pytest.mark.parametrize("value", [
+    np.zeros(4, np.int32),            # another dtype
+    np.zeros(5, np.int64),            # another length
+    np.zeros((4, 1), np.int64),       # another shape
+    np.zeros(8, np.int64)[::2],       # not contiguous
+    [0, 1, 0, 1],                     # not an array
+    np.zeros(4, np.int64).view(np.ma.MaskedArray),
+])
+def test_copy_actions_declines_what_needs_conversion(value):
+    dst = np.full(4, 7, np.int64)
+    assert not copy_actions(value, dst, ACTIONS_RANGE, 0, 2)
+    assert not copy_actions(value, dst, ACTIONS_COPY)
+    assert dst.tolist() == [7, 7, 7, 7]
+
+
+def test_copy_actions_unknown_check_raises():
+    with pytest.raises(ValueError, match="unknown action check"):
+        copy_actions(np.zeros(2, np.int64), np.zeros(2, np.int64), 9)
+
+
+@pytest.mark.parametrize("space", [
+    spaces.Discrete(3, start=-1), spaces.MultiDiscrete([4, 4]), spaces.MultiDiscrete([2, 5]),
+    spaces.MultiBinary(3), spaces.Box(-1, 1, (2,), np.float32), spaces.Box(0, 9, (2,), np.int64),
+])
+@pytest.mark.parametrize("policy", ["raise", "ignore"])
+def test_fast_copy_agrees_with_the_python_check(space, policy):
+    """Whatever copy_actions accepts, the Python check accepts; whatever it declines either
+    fails that check or is left to the Python path (never accepted wrongly)."""
+    checks = make_action_checks(space, [()], policy)
+    fast = make_fast_copies(space, [()], policy).get(())
+    rng = np.random.default_rng(1)
+    n = 5
+    shape = (n, *space.shape)
+    for _ in range(200):
+        if isinstance(space, spaces.Box):
+            batch = rng.normal(0, 3, shape).astype(space.dtype)
+            if space.dtype.kind == "f" and rng.random() < 0.3:
+                batch.flat[rng.integers(batch.size)] = np.nan
+        else:
+            batch = rng.integers(-3, 7, shape).astype(np.int64)
+        dst = np.zeros(shape, space.dtype)
+        taken = fast is not None and copy_actions(batch, dst, *fast)
+        check = checks.get(())
+        try:
+            if check is not None:
+                check(batch)
+            valid = True
+        except InvalidActionError:
+            valid = False
+        if taken:
+            assert valid or policy == "ignore"
+            np.testing.assert_array_equal(dst, batch)
+
+
+# ---- step_infos ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [0, 1, 8, 64, 1000])
+def test_step_infos_matches_numpy(n):
+    rng = np.random.default_rng(n)
+    terminated, truncated = rng.random(n) < 0.2, rng.random(n) < 0.2
+    dones = np.empty(n, bool)
+    infos, done = step_infos(terminated, truncated, dones)
+    np.testing.assert_array_equal(dones, terminated | truncated)
+    assert done == np.flatnonzero(terminated | truncated).tolist()
+    assert infos == [{"TimeLimit.truncated": bool(t)} for t in truncated & ~terminated]
+    assert all(type(info["TimeLimit.truncated"]) is bool for info in infos)
+    assert len({id(info) for info in infos}) == n  # one dict per env
+
+
+def test_step_infos_rejects_other_arrays():
+    b = np.zeros(3, bool)
+    for bad in (np.zeros(3, np.uint8), np.zeros(4, bool), np.zeros((3, 1), bool), np.zeros(6, bool)[::2]):
+        with pytest.raises(ValueError, match="bool arrays"):
+            step_infos(bad, b, b)
+        with pytest.raises(ValueError):
+            step_infos(b, b, bad)
+
+
+def test_helpers_are_exported_by_the_one_private_module():
+    assert {"RowWriter", "copy_actions", "step_infos"} <= set(dir(_core))
