@@ -445,3 +445,57 @@ def step_infos(cnp.ndarray terminated not None, cnp.ndarray truncated not None, 
         if d[i]:
             done.append(i)
     return infos, done
+
+
+from cpython.float cimport PyFloat_Check, PyFloat_AS_DOUBLE
+from libc.float cimport FLT_MAX
+from libc.math cimport INFINITY
+
+
+def publish_step(cnp.ndarray rew not None, cnp.ndarray terminated not None, cnp.ndarray truncated not None,
+                 Py_ssize_t start, list rews not None, list terms not None, list truncs not None):
+    """A worker's ``rew[start:start + n] = rews`` (float32) and the same for both flags (bool).
+
+    Takes rewards that are Python floats (or a subclass, as numpy's float64) and flags that
+    are Python bools; returns False as soon as one is anything else, and the caller then does
+    the three numpy assignments, which convert (or raise) as before and overwrite all ``n``.
+    """
+    cdef Py_ssize_t j, n = len(rews)
+    if len(terms) != n or len(truncs) != n or start < 0:
+        return False
+    for a in (rew, terminated, truncated):
+        if cnp.PyArray_NDIM(a) != 1 or not cnp.PyArray_IS_C_CONTIGUOUS(a) or start + n > cnp.PyArray_DIM(a, 0):
+            return False
+    if (cnp.PyArray_TYPE(rew) != cnp.NPY_FLOAT32 or cnp.PyArray_TYPE(terminated) != cnp.NPY_BOOL
+            or cnp.PyArray_TYPE(truncated) != cnp.NPY_BOOL):
+        return False
+    cdef float *r = <float *>cnp.PyArray_DATA(rew) + start
+    cdef unsigned char *te = <unsigned char *>cnp.PyArray_DATA(terminated) + start
+    cdef unsigned char *tr = <unsigned char *>cnp.PyArray_DATA(truncated) + start
+    cdef object x
+    cdef double d
+    for j in range(n):
+        x = rews[j]
+        if not PyFloat_Check(x):
+            return False
+        d = PyFloat_AS_DOUBLE(x)
+        if d > FLT_MAX:  # out of float's range: inf, as numpy gives (the C cast alone is undefined)
+            d = INFINITY
+        elif d < -FLT_MAX:
+            d = -INFINITY
+        r[j] = <float>d
+        x = terms[j]
+        if x is True:
+            te[j] = 1
+        elif x is False:
+            te[j] = 0
+        else:
+            return False
+        x = truncs[j]
+        if x is True:
+            tr[j] = 1
+        elif x is False:
+            tr[j] = 0
+        else:
+            return False
+    return True

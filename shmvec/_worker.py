@@ -22,7 +22,7 @@ import cloudpickle
 import gymnasium as gym
 
 from shmvec import _protocol as P
-from shmvec._core import Words
+from shmvec._core import Words, publish_step
 from shmvec._errors import ShmVecEnvError, SpaceError, pack_exception
 from shmvec._layout import Layout, close_mapping, make_gather, make_scatter
 from shmvec._masks import has_action_masks, write_mask
@@ -288,9 +288,10 @@ class _Worker:
     def _publish_slice(self, rews: list, terms: list, truncs: list) -> None:
         """The slice's rewards and flags in one write each, then its masks (both step bodies)."""
         start, stop = self.start, self.stop
-        self.rew[start:stop] = rews
-        self.terminated[start:stop] = terms
-        self.truncated[start:stop] = truncs
+        if not publish_step(self.rew, self.terminated, self.truncated, start, rews, terms, truncs):
+            self.rew[start:stop] = rews  # numpy scalars and other types: numpy converts (or raises)
+            self.terminated[start:stop] = terms
+            self.truncated[start:stop] = truncs
         if self.masks is not None:
             self._write_masks(range(start, stop))
 

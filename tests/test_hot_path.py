@@ -14,7 +14,8 @@ from gymnasium import spaces
 
 from shmvec import InvalidActionError, ObservationError, _core
 from shmvec._actions import make_action_checks, make_fast_copies
-from shmvec._core import ACTIONS_COPY, ACTIONS_NO_NAN, ACTIONS_RANGE, RowWriter, copy_actions, step_infos
+from shmvec._core import (ACTIONS_COPY, ACTIONS_NO_NAN, ACTIONS_RANGE, RowWriter, copy_actions, publish_step,
+                          step_infos)
 from shmvec._layout import make_scatter
 
 
@@ -217,5 +218,46 @@ def test_step_infos_rejects_other_arrays():
             step_infos(b, b, bad)
 
 
+# ---- publish_step ----------------------------------------------------------------------------------
+
+def _flag_buffers(n: int = 10):
+    return np.full(n, -1.0, np.float32), np.zeros(n, bool), np.ones(n, bool)
+
+
+def test_publish_step_writes_floats_and_bools_as_numpy_would():
+    rew, te, tr = _flag_buffers()
+    rews = [1.0, 0.1, np.float64(-2.5), 1e300, -1e300]  # np.float64 is a float; +-1e300: +-inf
+    terms, truncs = [True, False, False, True, False], [False, False, True, True, False]
+    assert publish_step(rew, te, tr, 3, rews, terms, truncs)
+    exp_rew, exp_te, exp_tr = _flag_buffers()
+    with np.errstate(over="ignore"):
+        exp_rew[3:8] = rews
+    exp_te[3:8], exp_tr[3:8] = terms, truncs
+    np.testing.assert_array_equal(rew, exp_rew)
+    np.testing.assert_array_equal(te, exp_te)
+    np.testing.assert_array_equal(tr, exp_tr)
+
+
+@pytest.mark.parametrize("rews,terms,truncs", [
+    ([np.float32(1.0)], [False], [False]),  # not a Python float: numpy converts it
+    ([1], [False], [False]),                # an int
+    ([1.0], [np.bool_(True)], [False]),     # numpy's bool
+    ([1.0], [False], [0]),
+    ([1.0, 2.0], [False], [False]),         # lengths differ
+])
+def test_publish_step_declines_other_types(rews, terms, truncs):
+    rew, te, tr = _flag_buffers()
+    assert not publish_step(rew, te, tr, 0, rews, terms, truncs)
+
+
+def test_publish_step_declines_out_of_range_and_other_buffers():
+    rew, te, tr = _flag_buffers(4)
+    assert not publish_step(rew, te, tr, 3, [1.0, 1.0], [False] * 2, [False] * 2)
+    assert not publish_step(rew, te, tr, -1, [1.0], [False], [False])
+    assert not publish_step(rew.astype(np.float64), te, tr, 0, [1.0], [False], [False])
+    assert not publish_step(rew, te.view(np.uint8), tr, 0, [1.0], [False], [False])
+    assert (rew == -1).all()
+
+
 def test_helpers_are_exported_by_the_one_private_module():
-    assert {"RowWriter", "copy_actions", "step_infos"} <= set(dir(_core))
+    assert {"RowWriter", "copy_actions", "step_infos", "publish_step"} <= set(dir(_core))
