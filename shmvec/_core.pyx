@@ -452,6 +452,15 @@ from libc.float cimport FLT_MAX
 from libc.math cimport INFINITY
 
 
+cdef inline int _as_flag(object x):
+    """1 for True, 0 for False, -1 for anything that is not a Python bool."""
+    if x is True:
+        return 1
+    if x is False:
+        return 0
+    return -1
+
+
 def publish_step(cnp.ndarray rew not None, cnp.ndarray terminated not None, cnp.ndarray truncated not None,
                  Py_ssize_t start, list rews not None, list terms not None, list truncs not None):
     """A worker's ``rew[start:start + n] = rews`` (float32) and the same for both flags (bool).
@@ -474,6 +483,7 @@ def publish_step(cnp.ndarray rew not None, cnp.ndarray terminated not None, cnp.
     cdef unsigned char *tr = <unsigned char *>cnp.PyArray_DATA(truncated) + start
     cdef object x
     cdef double d
+    cdef int flag
     for j in range(n):
         x = rews[j]
         if not PyFloat_Check(x):
@@ -484,18 +494,12 @@ def publish_step(cnp.ndarray rew not None, cnp.ndarray terminated not None, cnp.
         elif d < -FLT_MAX:
             d = -INFINITY
         r[j] = <float>d
-        x = terms[j]
-        if x is True:
-            te[j] = 1
-        elif x is False:
-            te[j] = 0
-        else:
+        flag = _as_flag(terms[j])
+        if flag < 0:
             return False
-        x = truncs[j]
-        if x is True:
-            tr[j] = 1
-        elif x is False:
-            tr[j] = 0
-        else:
+        te[j] = flag
+        flag = _as_flag(truncs[j])
+        if flag < 0:
             return False
+        tr[j] = flag
     return True
