@@ -78,14 +78,10 @@ def make_fast_copies(action_space: spaces.Space, paths: list[tuple], policy: str
             fast[path] = (ACTIONS_COPY, 0, 0)
         elif isinstance(space, spaces.Box):
             fast[path] = (ACTIONS_NO_NAN, 0, 0) if np.dtype(space.dtype).kind == "f" else (ACTIONS_COPY, 0, 0)
-        elif isinstance(space, spaces.Discrete):
-            fast[path] = (ACTIONS_RANGE, int(space.start), int(space.n))
-        elif isinstance(space, spaces.MultiDiscrete):
-            start, nvec = np.asarray(space.start).ravel(), np.asarray(space.nvec).ravel()
-            if start.size and (start == start[0]).all() and (nvec == nvec[0]).all():
-                fast[path] = (ACTIONS_RANGE, int(start[0]), int(nvec[0]))
-        elif isinstance(space, spaces.MultiBinary):
-            fast[path] = (ACTIONS_RANGE, 0, 2)
+        elif isinstance(space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
+            low, size, _ = _int_range(space)
+            if isinstance(low, int) and isinstance(size, int):  # one range for every element
+                fast[path] = (ACTIONS_RANGE, low, size)
     return fast
 
 
@@ -123,6 +119,28 @@ def _where(path: tuple) -> str:
     return "".join(f"[{k!r}]" for k in path)
 
 
+def _int_range(space: spaces.Space) -> tuple[Any, Any, str]:
+    """``(low, size, expected)`` of an integer space: valid actions are ``low <= a < low + size``.
+
+    ``low`` and ``size`` are ints when one value holds for every element, else int64 arrays
+    (a MultiDiscrete with different starts or nvec); ``expected`` says it in words.
+    """
+    if isinstance(space, spaces.Discrete):
+        low: Any = int(space.start)
+        size: Any = int(space.n)
+        return low, size, f"integers in [{low}, {low + size})"
+    if isinstance(space, spaces.MultiDiscrete):
+        low = np.asarray(space.start, dtype=np.int64)
+        size = np.asarray(space.nvec, dtype=np.int64)
+        if low.size and (low == low.flat[0]).all():
+            low = int(low.flat[0])
+        if size.size and (size == size.flat[0]).all():
+            size = int(size.flat[0])
+        return low, size, (f"integers in [start, start + nvec) = [{space.start.tolist()}, "
+                           f"{(space.start + space.nvec).tolist()})")
+    return 0, 2, "0 or 1"
+
+
 def _leaf_check(space: spaces.Space, path: tuple, policy: str) -> Check | None:
     where = _where(path)
     if isinstance(space, spaces.Box):
@@ -139,20 +157,7 @@ def _leaf_check(space: spaces.Space, path: tuple, policy: str) -> Check | None:
         return check_nan
 
     if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
-        if isinstance(space, spaces.Discrete):
-            low: Any = int(space.start)
-            size: Any = int(space.n)
-            expected = f"integers in [{low}, {low + size})"
-        elif isinstance(space, spaces.MultiDiscrete):
-            low = np.asarray(space.start, dtype=np.int64)
-            size = np.asarray(space.nvec, dtype=np.int64)
-            low = int(low.flat[0]) if (low == low.flat[0]).all() else low
-            expected = f"integers in [start, start + nvec) = [{space.start.tolist()}, {(space.start + space.nvec).tolist()})"
-            if (size == size.flat[0]).all():
-                size = int(size.flat[0])
-        else:
-            low, size = 0, 2
-            expected = "0 or 1"
+        low, size, expected = _int_range(space)
         scalar = isinstance(low, int) and isinstance(size, int)
 
         def check_range(arr: np.ndarray) -> None:
