@@ -75,8 +75,9 @@ def _install(table: np.ndarray):
     return restore
 
 
-def timeline(n_envs: int, steps: int, n_workers: int = 2, spin_us: tuple | None = None) -> dict:
-    """Runs the steps and returns the median of each interval in microseconds (and steps/s)."""
+def timeline(n_envs: int, steps: int, n_workers: int = 2, spin_us: tuple | None = None,
+             stat=np.median, cpu_affinity: bool = False) -> dict:
+    """Runs the steps and returns ``stat`` (the median) of each interval in microseconds (and steps/s)."""
     rows = steps + 16
     shm = shared_memory.SharedMemory(create=True, size=8 * rows * (WORKER0 + 2 * n_workers))
     try:
@@ -86,6 +87,8 @@ def timeline(n_envs: int, steps: int, n_workers: int = 2, spin_us: tuple | None 
         kwargs = {"n_workers": n_workers, "start_method": "fork"}
         if spin_us is not None:
             kwargs["spin_us"] = spin_us
+        if cpu_affinity:
+            kwargs["cpu_affinity"] = True
         env = make_vec_env("CartPole-v1", n_envs=n_envs, vec_env_cls=ShmVecEnv, vec_env_kwargs=kwargs)
         try:
             env.reset()
@@ -106,7 +109,7 @@ def timeline(n_envs: int, steps: int, n_workers: int = 2, spin_us: tuple | None 
         shm.unlink()
 
     def med(x: np.ndarray) -> float:
-        return round(float(np.median(x)) * 1e6, 1)
+        return round(float(stat(x)) * 1e6, 1)
 
     period = np.diff(t[:, ASYNC])
     t = t[:-1]  # each step's period holds its body: the same steps for both
@@ -132,15 +135,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--n-workers", type=int, default=2)
     parser.add_argument("--spin-us", type=float, nargs=2, default=None, metavar=("PARENT", "WORKER"))
+    parser.add_argument("--cpu-affinity", action="store_true", help="pin worker w to core w")
+    parser.add_argument("--mean", action="store_true", help="means instead of medians (the tail counts)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     spin = tuple(args.spin_us) if args.spin_us else None
-    out = timeline(args.n_envs, args.steps, args.n_workers, spin)
+    out = timeline(args.n_envs, args.steps, args.n_workers, spin, np.mean if args.mean else np.median,
+                   args.cpu_affinity)
     if args.json:
         print(json.dumps(out))
     else:
         print(f"{args.n_envs} CartPoles, {args.n_workers} workers: {out['steps_per_s']:,} steps/s; "
-              "medians in microseconds:")
+              f"{'means' if args.mean else 'medians'} in microseconds:")
         for key, value in out.items():
             if key.endswith("_us"):
                 print(f"  {key[:-3].replace('_', ' '):32s} {value}")

@@ -6,6 +6,7 @@ measure is there, consistent with the others, and that a backend that cannot run
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import math
@@ -409,3 +410,29 @@ def test_step_timeline_stamps_every_interval():
     assert out["period_us"] >= max(out["worker_body_us"]) > 0
     assert out["parent_post_us"] > 0 and out["last_end_to_wait_return_us"] > 0
     assert out["wait_return_to_step_wait_end_us"] > 0 and out["worker_skew_us"] >= 0
+
+
+def _load_bench_script(name: str):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", os.path.join(root, "bench", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lockstep_ceiling_keeps_its_processes_in_step():
+    """bench/lockstep_ceiling.py: with the barrier the two processes step the same steps (one
+    apart at most, the step in flight when the leader stops); without it they do not wait for
+    each other; every rate is positive; nothing is left behind (the leak fixture)."""
+    lc = _load_bench_script("lockstep_ceiling")
+    lock = lc.Lockstep(6, 2)
+    try:
+        rate = lock.run(0.3, True)
+        a, b = lock.last_steps
+        assert rate > 0 and a > 10 and abs(a - b) <= 1
+        assert lock.run(0.3, False) > 0 and min(lock.last_steps) > 10
+    finally:
+        lock.close()
+    rates = lc.measure(4, 2, rounds=1, seconds=0.1)
+    assert set(rates) == {"DummyVecEnv", "ShmVecEnv", "lockstep", "free"}
+    assert all(len(v) == 1 and v[0] > 0 for v in rates.values())

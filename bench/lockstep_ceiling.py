@@ -1,0 +1,206 @@
+"""The best a synchronous vec env with one worker per core could do here, beside DummyVecEnv and ShmVecEnv.
+
+Any vec env that steps a fixed slice of the envs in each of k processes and returns all of them
+together (ShmVecEnv, SubprocVecEnv, EnvPool's sync mode) is, on every step, as slow as its
+slowest process.  This script measures that bound directly, in alternating rounds with
+``DummyVecEnv`` and ``ShmVecEnv`` (same envs: ``make_vec_env``'s ``gym.make`` + ``Monitor``):
+
+- ``lockstep``: k processes, each stepping n/k envs in a bare loop, meeting at a spinning
+  barrier in shared memory after every step (no parent, no actions to pass, no results to
+  read, no futex: nothing but the stepping and the wait for the slowest process);
+- ``free``: the same processes without the barrier (each at its own core's speed: the
+  ``ceiling`` column of ``python -m shmvec.bench``).
+
+``lockstep / DummyVecEnv`` is the highest ratio any such vec env can reach on this machine at
+that moment; ``ShmVecEnv / lockstep`` is how much of it ShmVecEnv gets (the rest is its parent's
+work between steps and the two wake-ups).  Ratios are per round, then the median::
+
+    python bench/lockstep_ceiling.py                  # 64 envs, 2 processes, 8 rounds of 2 s
+    python bench/lockstep_ceiling.py --n-envs 8 64 --rounds 12 --seconds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import time
+from multiprocessing import shared_memory
+
+import numpy as np
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+from shmvec import ShmVecEnv
+
+ENV_ID = "CartPole-v1"
+STOP = -1  # a process's slot in the barrier array once it has stopped
+
+
+def _make_envs(start: int, count: int) -> list:
+    # The envs make_vec_env builds: gym.make(ENV_ID) wrapped in Monitor, seeded as it seeds them.
+    vec = make_vec_env(ENV_ID, n_envs=count, start_index=start, vec_env_cls=DummyVecEnv)
+    envs = vec.envs
+    for i, env in enumerate(envs):
+        env.reset(seed=start + i)
+    return envs
+
+
+def _stepper(index: int, k: int, start: int, count: int, shm_name: str, conn) -> None:
+    shm = shared_memory.SharedMemory(name=shm_name)
+    try:
+        slots = np.ndarray((k,), dtype=np.int64, buffer=shm.buf)
+        envs = _make_envs(start, count)
+        actions = np.random.default_rng(index).integers(0, 2, size=(512, count))
+        conn.send("ready")
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                break
+            seconds, lockstep = msg
+            others = [j for j in range(k) if j != index]
+            steps, t0 = 0, time.perf_counter()
+            end = t0 + seconds
+            stopped = False
+            while not stopped:
+                for env, a in zip(envs, actions[steps & 511]):
+                    _, _, terminated, truncated, _ = env.step(a)
+                    if terminated or truncated:
+                        env.reset()
+                steps += 1
+                if index == 0 and (steps & 15) == 0 and time.perf_counter() >= end:
+                    slots[0] = STOP  # the leader decides when the round ends
+                    stopped = True
+                elif slots[0] == STOP:
+                    stopped = True
+                elif lockstep:
+                    slots[index] = steps
+                    for j in others:  # spin until every other process has finished this step
+                        while True:
+                            v = slots[j]
+                            if v >= steps or v == STOP or slots[0] == STOP:
+                                break
+                    stopped = slots[0] == STOP
+            conn.send((steps, time.perf_counter() - t0))
+        del slots
+    finally:
+        shm.close()
+
+
+class Lockstep:
+    """k stepping processes; ``run(seconds, lockstep)`` returns the env steps/s of all together."""
+
+    def __init__(self, n_envs: int, k: int) -> None:
+        ctx = mp.get_context("fork")
+        self.k = k
+        self.shm = shared_memory.SharedMemory(create=True, size=8 * k)
+        self.slots = np.ndarray((k,), dtype=np.int64, buffer=self.shm.buf)
+        bounds = [int(b) for b in np.linspace(0, n_envs, k + 1)]
+        self.conns, self.procs = [], []
+        for i in range(k):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_stepper, args=(i, k, bounds[i], bounds[i + 1] - bounds[i], self.shm.name, child),
+                            daemon=True)
+            p.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(p)
+        self.n_envs = n_envs
+        try:
+            for c in self.conns:
+                if c.recv() != "ready":
+                    raise RuntimeError("a stepping process did not start")
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, seconds: float, lockstep: bool) -> float:
+        self.slots[:] = 0
+        for c in self.conns:
+            c.send((seconds, lockstep))
+        results = [c.recv() for c in self.conns]
+        self.last_steps = [s for s, _ in results]
+        if lockstep:  # every process stepped the same steps (+- the one in flight at the stop)
+            steps = min(s for s, _ in results)
+            return steps * self.n_envs / max(t for _, t in results)
+        return sum(s * (self.n_envs / self.k) / t for s, t in results)
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.send(None)
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for c in self.conns:
+            c.close()
+        del self.slots
+        self.shm.close()
+        self.shm.unlink()
+
+
+def _vec_rate(env, actions: np.ndarray, seconds: float) -> float:
+    steps, t0 = 0, time.perf_counter()
+    end = t0 + seconds
+    while True:
+        for _ in range(16):
+            env.step(actions[steps & 511])
+            steps += 1
+        t = time.perf_counter()
+        if t >= end:
+            return steps * actions.shape[1] / (t - t0)
+
+
+def measure(n_envs: int, k: int, rounds: int, seconds: float) -> dict[str, list[float]]:
+    dummy = make_vec_env(ENV_ID, n_envs=n_envs, vec_env_cls=DummyVecEnv)
+    shm = make_vec_env(ENV_ID, n_envs=n_envs, vec_env_cls=ShmVecEnv,
+                       vec_env_kwargs={"n_workers": k, "start_method": "fork"})
+    lock = Lockstep(n_envs, k)
+    rates: dict[str, list[float]] = {"DummyVecEnv": [], "ShmVecEnv": [], "lockstep": [], "free": []}
+    try:
+        dummy.reset()
+        shm.reset()
+        actions = np.random.default_rng(0).integers(0, 2, size=(512, n_envs))
+        for _ in range(rounds):
+            rates["DummyVecEnv"].append(_vec_rate(dummy, actions, seconds))
+            rates["ShmVecEnv"].append(_vec_rate(shm, actions, seconds))
+            rates["lockstep"].append(lock.run(seconds, True))
+            rates["free"].append(lock.run(seconds, False))
+    finally:
+        lock.close()
+        shm.close()
+        dummy.close()
+    return rates
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n-envs", type=int, nargs="+", default=[64])
+    parser.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--json", action="store_true", help="print each point's per-round steps/s as JSON")
+    args = parser.parse_args(argv)
+    for n in args.n_envs:
+        raw = measure(n, args.processes, args.rounds, args.seconds)
+        if args.json:
+            print(json.dumps({"n_envs": n, "processes": args.processes, "rates": raw}))
+            continue
+        r = {name: np.array(v) for name, v in raw.items()}
+        d = r["DummyVecEnv"]
+        print(f"\n{ENV_ID} x {n}, {args.processes} processes, {args.rounds} rounds of {args.seconds:g} s "
+              "(medians of per-round ratios)")
+        print(f"{'':12s}{'steps/s':>10s}{'x Dummy':>9s}{'x lockstep':>12s}   x Dummy per round")
+        for name, v in r.items():
+            per_round = v / d
+            print(f"{name:12s}{np.median(v):10,.0f}{np.median(per_round):9.2f}{np.median(v / r['lockstep']):12.2f}   "
+                  + " ".join(f"{x:.2f}" for x in per_round))
+
+
+if __name__ == "__main__":
+    main()
