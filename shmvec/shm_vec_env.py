@@ -6,7 +6,9 @@ The protocol between this class and its workers is written down in
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
+import numbers
 import os
 import pickle
 import secrets
@@ -72,6 +74,21 @@ _DIED_JOIN_S = 1.0
 def default_start_method() -> str:
     """As SB3: forkserver where available (thread-safe, cheap), else spawn."""
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
+def _spin_pair(spin_us: Any) -> tuple[float, float]:
+    """``spin_us`` as (parent, worker) microseconds: one number for both, or a pair."""
+    pair = (spin_us, spin_us) if isinstance(spin_us, numbers.Real) else spin_us
+    try:
+        parent_us, worker_us = pair
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"spin_us must be a number of microseconds or a (parent, worker) pair of them, not {spin_us!r}"
+        ) from None
+    for name, value in (("parent", parent_us), ("worker", worker_us)):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or math.isnan(value):
+            raise TypeError(f"spin_us: the {name}'s spin must be a number of microseconds, not {value!r}")
+    return float(parent_us), float(worker_us)
 
 
 def _cores() -> int:
@@ -298,7 +315,7 @@ class ShmVecEnv(Recovery, VecEnv):
         self._owner = [w for w, sl in enumerate(self.slices) for _ in sl]  # env index -> its worker
         if spin_us is None:
             spin_us = (DEFAULT_PARENT_SPIN_US if n_workers < _cores() else 0.0, DEFAULT_WORKER_SPIN_US)
-        parent_us, worker_us = spin_us if isinstance(spin_us, tuple) else (spin_us, spin_us)
+        parent_us, worker_us = _spin_pair(spin_us)
         self._parent_spin = max(0.0, parent_us) * 1e-6
         self._worker_spin = max(0.0, worker_us) * 1e-6
         self._want_masks = action_masks

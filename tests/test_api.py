@@ -401,6 +401,31 @@ def test_bad_arguments_raise_value_error(kwargs, match):
         ShmVecEnv([])
 
 
+@pytest.mark.parametrize("spin_us, match", [
+    ("fast", "spin_us must be"),
+    ((1.0, 2.0, 3.0), "spin_us must be"),
+    ((1.0, "x"), "worker's spin"),
+    ((float("nan"), 1.0), "parent's spin"),
+    (True, "parent's spin"),
+])
+def test_bad_spin_raises_type_error_before_any_worker_starts(spin_us, match):
+    with pytest.raises(TypeError, match=match):
+        ShmVecEnv(testenvs.bare_env_fns(2), n_workers=1, spin_us=spin_us)
+
+
+def test_spin_accepts_a_list_or_numpy_numbers():
+    """A pair read from JSON or YAML (a list) and numpy numbers work as the tuple does."""
+    for spin_us in ([0, 10], (np.float64(0.0), np.int64(10))):
+        env = ShmVecEnv(testenvs.bare_env_fns(2), n_workers=1, start_method="fork", spin_us=spin_us)
+        try:
+            assert env._parent_spin == 0.0 and env._worker_spin == pytest.approx(10e-6)
+            env.reset()
+            env.step(np.zeros(2, dtype=np.int64) if isinstance(env.action_space, gym.spaces.Discrete)
+                     else np.stack([env.action_space.sample() for _ in range(2)]))
+        finally:
+            env.close()
+
+
 def test_unpicklable_factory_raises_type_error_naming_the_index():
     lock = threading.Lock()
 
