@@ -263,13 +263,14 @@ class _Worker:
         start = self.start
         write_obs, write_term = self.write_obs, self.write_term
         rews, terms, truncs, items = [], [], [], []
+        add_rew, add_term, add_trunc = rews.append, terms.append, truncs.append  # 0.07 us/env less
         i = start
         try:
-            for env, action in zip(self.envs, self.read_actions()):
+            for i, env, action in zip(range(start, self.stop), self.envs, self.read_actions()):
                 obs, rew, term, trunc, info = env.step(action)
-                rews.append(rew)
-                terms.append(term)
-                truncs.append(trunc)
+                add_rew(rew)
+                add_term(term)
+                add_trunc(trunc)
                 if term or trunc:
                     write_term(i, obs)
                     obs, reset_info = env.reset()
@@ -278,7 +279,6 @@ class _Worker:
                 elif info:
                     items.append((i, info, None))
                 write_obs(i, obs)
-                i += 1
         except BaseException:
             self.current = i
             raise
