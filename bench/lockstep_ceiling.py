@@ -33,6 +33,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from shmvec import ShmVecEnv
+from shmvec._bench.measures import stop_processes
 
 ENV_ID = "CartPole-v1"
 STOP = -1  # a process's slot in the barrier array once it has stopped
@@ -127,18 +128,8 @@ class Lockstep:
         return sum(s * (self.n_envs / self.k) / t for s, t in results)
 
     def close(self) -> None:
-        for c in self.conns:
-            try:
-                c.send(None)
-            except OSError:
-                pass
-        for p in self.procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        for c in self.conns:
-            c.close()
+        stop_processes(self.conns, self.procs, join_s=10.0)
+        self.conns, self.procs = [], []
         del self.slots
         self.shm.close()
         self.shm.unlink()

@@ -766,9 +766,7 @@ def rebuild(description: Mapping[str, Any], cls: Any = None, **overrides: Any) -
         env_fns += [fn] * int(run["repeat"])
     if len(env_fns) != description["n_envs"]:
         raise DescriptionError(f"the description lists {len(env_fns)} factories for n_envs={description['n_envs']}")
-    options = dict(description.get("options") or {})
-    if isinstance(options.get("spin_us"), list):  # a tuple before JSON
-        options["spin_us"] = tuple(options["spin_us"])
+    options = dict(description.get("options") or {})  # spin_us comes back as a list: ShmVecEnv takes it
     options.update(overrides)
     vec_env = cls(env_fns, **options)
     try:

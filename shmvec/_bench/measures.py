@@ -95,6 +95,24 @@ def _ceiling_loop(conn: Any, env: str, n_actions: int = 512) -> None:
         conn.close()
 
 
+def stop_processes(conns: list[Any], procs: list[Any], join_s: float = 5.0) -> None:
+    """Ends helper processes that serve requests on a pipe until they receive None: sends None,
+    joins each (killing one still alive after ``join_s``), then closes the processes and pipes."""
+    for conn in conns:
+        try:
+            conn.send(None)
+        except OSError:
+            pass  # already gone
+    for proc in procs:
+        proc.join(join_s)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        proc.close()
+    for conn in conns:
+        conn.close()
+
+
 class Ceiling:
     """``k`` processes, each stepping one env built by ``EnvFactory(env)`` in a plain loop, all at
     the same time: a stepper (``chunk(seconds)``) whose steps/s is the sum of the ``k`` loops'.
@@ -132,19 +150,7 @@ class Ceiling:
         return float(sum(conn.recv() for conn in self.conns))
 
     def close(self) -> None:
-        for conn in self.conns:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-        for proc in self.procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-            proc.close()
-        for conn in self.conns:
-            conn.close()
+        stop_processes(self.conns, self.procs)
         self.conns, self.procs = [], []
 
 
