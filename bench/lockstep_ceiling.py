@@ -9,11 +9,18 @@ slowest process.  This script measures that bound directly, in alternating round
   barrier in shared memory after every step (no parent, no actions to pass, no results to
   read, no futex: nothing but the stepping and the wait for the slowest process);
 - ``free``: the same processes without the barrier (each at its own core's speed: the
-  ``ceiling`` column of ``python -m shmvec.bench``).
+  ``ceiling`` column of ``python -m shmvec.bench``);
+- ``roundtrip``: the same processes driven by this (parent) process through ShmVecEnv's own
+  signalling and nothing else: every step the parent posts a sequence number to each process
+  (``shmvec._core.Words``: release store, futex wake of sleepers), each steps its envs, and the
+  last to finish wakes the parent, with ShmVecEnv's default spins.  No actions, observations,
+  rewards or infos cross: this is the bound of any vec env with a parent in the loop that
+  signals as ShmVecEnv does, and ``ShmVecEnv / roundtrip`` is what its data path costs.
 
 ``lockstep / DummyVecEnv`` is the highest ratio any such vec env can reach on this machine at
 that moment; ``ShmVecEnv / lockstep`` is how much of it ShmVecEnv gets (the rest is its parent's
-work between steps and the two wake-ups).  Ratios are per round, then the median::
+work between steps and the two wake-ups); ``roundtrip / lockstep`` splits that rest into the
+signalling and the data.  Ratios are per round, then the median::
 
     python bench/lockstep_ceiling.py                  # 64 envs, 2 processes, 8 rounds of 2 s
     python bench/lockstep_ceiling.py --n-envs 8 64 --rounds 12 --seconds 1
@@ -34,6 +41,8 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 from shmvec import ShmVecEnv
 from shmvec._bench.measures import stop_processes
+from shmvec._core import Words
+from shmvec.shm_vec_env import DEFAULT_PARENT_SPIN_US, DEFAULT_WORKER_SPIN_US, _cores
 
 ENV_ID = "CartPole-v1"
 STOP = -1  # a process's slot in the barrier array once it has stopped
@@ -48,27 +57,57 @@ def _make_envs(start: int, count: int) -> list:
     return envs
 
 
+# The round trip's words (shmvec._core.Words), after the barrier's slots: the parent's counter of
+# processes still stepping and its sleepers, a stop flag, then each process's sequence number and
+# its sleepers (as shmvec._protocol's PENDING, PARENT_SLEEPERS, CMD_SEQ and CMD_SLEEPERS).
+PENDING, PARENT_SLEEPERS, STOP_WORD = 0, 1, 2
+
+
+def _words_offset(k: int) -> int:
+    return -(-8 * k // 64) * 64  # the slots (int64), rounded up to a cache line
+
+
+def _seq_word(index: int) -> int:
+    return 3 + 2 * index
+
+
+def _word_count(k: int) -> int:
+    return 3 + 2 * k
+
+
+def _step_slice(envs: list, actions) -> None:
+    for env, a in zip(envs, actions):
+        _, _, terminated, truncated, _ = env.step(a)
+        if terminated or truncated:
+            env.reset()
+
+
 def _stepper(index: int, k: int, start: int, count: int, shm_name: str, conn) -> None:
     shm = shared_memory.SharedMemory(name=shm_name)
+    words = None
     try:
         slots = np.ndarray((k,), dtype=np.int64, buffer=shm.buf)
+        words = Words(shm.buf, _words_offset(k), _word_count(k))
         envs = _make_envs(start, count)
         actions = np.random.default_rng(index).integers(0, 2, size=(512, count))
+        seen = 0  # the last sequence number seen: the parent may post before this process reads its message
         conn.send("ready")
         while True:
             msg = conn.recv()
             if msg is None:
                 break
-            seconds, lockstep = msg
+            seconds, mode = msg
+            if mode == "roundtrip":
+                seen, result = _serve_roundtrip(index, words, envs, actions, seen)
+                conn.send(result)
+                continue
+            lockstep = mode == "lockstep"
             others = [j for j in range(k) if j != index]
             steps, t0 = 0, time.perf_counter()
             end = t0 + seconds
             stopped = False
             while not stopped:
-                for env, a in zip(envs, actions[steps & 511]):
-                    _, _, terminated, truncated, _ = env.step(a)
-                    if terminated or truncated:
-                        env.reset()
+                _step_slice(envs, actions[steps & 511])
                 steps += 1
                 if index == 0 and (steps & 15) == 0 and time.perf_counter() >= end:
                     slots[0] = STOP  # the leader decides when the round ends
@@ -86,17 +125,42 @@ def _stepper(index: int, k: int, start: int, count: int, shm_name: str, conn) ->
             conn.send((steps, time.perf_counter() - t0))
         del slots
     finally:
+        if words is not None:
+            words.release()
         shm.close()
 
 
+def _serve_roundtrip(index: int, words: Words, envs: list, actions, seen: int) -> tuple[int, tuple[int, float]]:
+    """A ShmVecEnv worker's loop (shmvec._worker._Worker.serve) with a bare step body, until the
+    parent posts with the stop flag set; returns the last sequence number seen, (steps, seconds)."""
+    seq_word, sleepers_word = _seq_word(index), _seq_word(index) + 1
+    spin = DEFAULT_WORKER_SPIN_US * 1e-6
+    parent = os.getppid()
+    steps, t0 = 0, time.perf_counter()
+    while True:
+        value = words.wait_while(seq_word, seen, 1.0, spin, sleepers_word)
+        if value is None:
+            if os.getppid() != parent:
+                raise SystemExit("the parent is gone")
+            continue
+        seen = value
+        if words.load(STOP_WORD):
+            return seen, (steps, time.perf_counter() - t0)
+        _step_slice(envs, actions[steps & 511])
+        steps += 1
+        if words.fetch_add(PENDING, -1) == 1:
+            words.wake_sleepers(PENDING, PARENT_SLEEPERS)
+
+
 class Lockstep:
-    """k stepping processes; ``run(seconds, lockstep)`` returns the env steps/s of all together."""
+    """k stepping processes; ``run(seconds, mode)`` returns the env steps/s of all together."""
 
     def __init__(self, n_envs: int, k: int) -> None:
         ctx = mp.get_context("fork")
         self.k = k
-        self.shm = shared_memory.SharedMemory(create=True, size=8 * k)
+        self.shm = shared_memory.SharedMemory(create=True, size=_words_offset(k) + 4 * _word_count(k))
         self.slots = np.ndarray((k,), dtype=np.int64, buffer=self.shm.buf)
+        self.words = Words(self.shm.buf, _words_offset(k), _word_count(k))
         bounds = [int(b) for b in np.linspace(0, n_envs, k + 1)]
         self.conns, self.procs = [], []
         for i in range(k):
@@ -116,20 +180,61 @@ class Lockstep:
             self.close()
             raise
 
-    def run(self, seconds: float, lockstep: bool) -> float:
+    def run(self, seconds: float, mode: str) -> float:
+        """Env steps/s of all processes together in ``mode``: lockstep, free or roundtrip."""
         self.slots[:] = 0
         for c in self.conns:
-            c.send((seconds, lockstep))
+            c.send((seconds, mode))
+        if mode == "roundtrip":
+            steps, elapsed = self._drive(seconds)
+            results = [c.recv() for c in self.conns]
+            self.last_steps = [s for s, _ in results]
+            if any(s != steps for s in self.last_steps):
+                raise RuntimeError(f"the parent posted {steps} steps, the processes stepped {self.last_steps}")
+            return steps * self.n_envs / elapsed
         results = [c.recv() for c in self.conns]
         self.last_steps = [s for s, _ in results]
-        if lockstep:  # every process stepped the same steps (+- the one in flight at the stop)
+        if mode == "lockstep":  # every process stepped the same steps (+- the one in flight at the stop)
             steps = min(s for s, _ in results)
             return steps * self.n_envs / max(t for _, t in results)
         return sum(s * (self.n_envs / self.k) / t for s, t in results)
 
+    def _post(self) -> None:
+        words = self.words
+        words.store(PENDING, self.k)
+        for w in range(self.k):
+            seq_word = _seq_word(w)
+            words.store(seq_word, (words.load(seq_word) + 1) & 0xFFFFFFFF)
+            words.wake_sleepers(seq_word, seq_word + 1)
+
+    def _drive(self, seconds: float) -> tuple[int, float]:
+        """ShmVecEnv's step_async + step_wait, with nothing to write or read: post, wait for PENDING == 0."""
+        words, post = self.words, self._post
+        spin = DEFAULT_PARENT_SPIN_US * 1e-6 if self.k < _cores() else 0.0  # as ShmVecEnv decides
+        words.store(STOP_WORD, 0)
+        steps, t0 = 0, time.perf_counter()
+        end = t0 + seconds
+        while True:
+            post()
+            pending = self.k
+            while pending:
+                value = words.wait_while(PENDING, pending, 1.0, spin, PARENT_SLEEPERS)
+                if value is not None:
+                    pending = value
+                elif not all(p.is_alive() for p in self.procs):
+                    raise RuntimeError("a stepping process died")
+            steps += 1
+            if (steps & 15) == 0 and time.perf_counter() >= end:
+                elapsed = time.perf_counter() - t0
+                break
+        words.store(STOP_WORD, 1)
+        post()
+        return steps, elapsed
+
     def close(self) -> None:
         stop_processes(self.conns, self.procs, join_s=10.0)
         self.conns, self.procs = [], []
+        self.words.release()
         del self.slots
         self.shm.close()
         self.shm.unlink()
@@ -152,7 +257,7 @@ def measure(n_envs: int, k: int, rounds: int, seconds: float) -> dict[str, list[
     shm = make_vec_env(ENV_ID, n_envs=n_envs, vec_env_cls=ShmVecEnv,
                        vec_env_kwargs={"n_workers": k, "start_method": "fork"})
     lock = Lockstep(n_envs, k)
-    rates: dict[str, list[float]] = {"DummyVecEnv": [], "ShmVecEnv": [], "lockstep": [], "free": []}
+    rates: dict[str, list[float]] = {"DummyVecEnv": [], "ShmVecEnv": [], "lockstep": [], "free": [], "roundtrip": []}
     try:
         dummy.reset()
         shm.reset()
@@ -160,8 +265,8 @@ def measure(n_envs: int, k: int, rounds: int, seconds: float) -> dict[str, list[
         for _ in range(rounds):
             rates["DummyVecEnv"].append(_vec_rate(dummy, actions, seconds))
             rates["ShmVecEnv"].append(_vec_rate(shm, actions, seconds))
-            rates["lockstep"].append(lock.run(seconds, True))
-            rates["free"].append(lock.run(seconds, False))
+            for mode in ("lockstep", "free", "roundtrip"):
+                rates[mode].append(lock.run(seconds, mode))
     finally:
         lock.close()
         shm.close()

@@ -423,16 +423,22 @@ def _load_bench_script(name: str):
 def test_lockstep_ceiling_keeps_its_processes_in_step():
     """bench/lockstep_ceiling.py: with the barrier the two processes step the same steps (one
     apart at most, the step in flight when the leader stops); without it they do not wait for
-    each other; every rate is positive; nothing is left behind (the leak fixture)."""
+    each other; driven by the parent (round trip) each steps exactly the steps the parent posted
+    (run() raises otherwise), twice in a row; every rate is positive; nothing is left behind
+    (the leak fixture)."""
     lc = _load_bench_script("lockstep_ceiling")
     lock = lc.Lockstep(6, 2)
     try:
-        rate = lock.run(0.3, True)
+        rate = lock.run(0.3, "lockstep")
         a, b = lock.last_steps
         assert rate > 0 and a > 10 and abs(a - b) <= 1
-        assert lock.run(0.3, False) > 0 and min(lock.last_steps) > 10
+        assert lock.run(0.3, "free") > 0 and min(lock.last_steps) > 10
+        for _ in range(2):
+            assert lock.run(0.3, "roundtrip") > 0
+            a, b = lock.last_steps
+            assert a == b > 10
     finally:
         lock.close()
     rates = lc.measure(4, 2, rounds=1, seconds=0.1)
-    assert set(rates) == {"DummyVecEnv", "ShmVecEnv", "lockstep", "free"}
+    assert set(rates) == {"DummyVecEnv", "ShmVecEnv", "lockstep", "free", "roundtrip"}
     assert all(len(v) == 1 and v[0] > 0 for v in rates.values())
