@@ -47,6 +47,10 @@ int64_t shmvec_now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+int shmvec_current_cpu(void) {
+    return sched_getcpu();
+}
+
 int shmvec_wake(uint32_t *word, int n) {
     long rc = syscall(SYS_futex, word, FUTEX_WAKE, n, NULL, NULL, 0);
     return rc < 0 ? -errno : (int)rc;

@@ -68,6 +68,10 @@ int shmvec_wake_sleepers(uint32_t *word, uint32_t *sleepers, int n);
 /* Monotonic clock in nanoseconds. */
 int64_t shmvec_now_ns(void);
 
+/* The CPU the calling thread runs on (sched_getcpu: a vDSO call, no syscall on
+ * x86-64), or -1 where unknown.  A hint only: the thread may move at once. */
+int shmvec_current_cpu(void);
+
 #ifdef __cplusplus
 }
 #endif

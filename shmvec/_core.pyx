@@ -13,6 +13,7 @@ from shmvec._sync_def cimport (
     SHMVEC_INTERRUPTED,
     SHMVEC_OK,
     SHMVEC_TIMEOUT,
+    shmvec_current_cpu,
     shmvec_fetch_add,
     shmvec_load_acquire,
     shmvec_now_ns,
@@ -129,6 +130,11 @@ cdef class Words:
             PyErr_CheckSignals()
             return None
         raise OSError(-rc, "futex wait failed")
+
+
+def current_cpu():
+    """The CPU this process runs on now (a hint: it may move at once), or -1 where unknown."""
+    return shmvec_current_cpu()
 
 
 def now_ns():

@@ -4,7 +4,7 @@ Shared-memory layout (one ``multiprocessing.shared_memory`` block per vec env,
 computed identically on both sides by :class:`shmvec._layout.Layout`)::
 
     control words   uint32, one 64-byte cache line per row:
-                      row 0      PENDING PARENT_SLEEPERS (global)
+                      row 0      PENDING PARENT_SLEEPERS PARENT_CPU EARLY_WAKE (global)
                       row 1 + w  worker w: CMD_SEQ CMD ARG_LEN STATUS RESULT_LEN DONE_SEQ
                                  CMD_SLEEPERS
     actions         one buffer per leaf of the action space, (n_envs, *shape)
@@ -25,9 +25,12 @@ Who writes what, in which order (a synchronous command: STEP or RESET)
 Between commands every worker is idle and the parent owns every buffer.
 
   parent  1. writes the actions (STEP) and, per worker, an optional pickled
-             argument into mailbox w and its length into ARG_LEN[w]
+             argument into mailbox w and its length into ARG_LEN[w];
+             PARENT_CPU <- its core (STEP with a parent that sleeps) or NO_CPU;
+             EARLY_WAKE <- 0
           2. PENDING <- n_workers            (no worker reads it yet)
-          3. per worker: CMD[w] <- code; CMD_SEQ[w] <- seq (release);
+          3. per worker: CMD[w] <- code; CMD_SEQ[w] <- seq (release); then, once
+             every worker has its command, per worker:
              wake_sleepers(CMD_SEQ[w], CMD_SLEEPERS[w])
   worker  4. waits while CMD_SEQ[w] == last seen (acquire): steps 1-3 are visible
           5. steps its envs, writes observations, rewards, flags, terminal
@@ -37,7 +40,10 @@ Between commands every worker is idle and the parent owns every buffer.
              through worker w's pipe *before* step 6
           6. DONE_SEQ[w] <- seq (release); old <- fetch_add(PENDING, -1)
              (seq_cst: releases step 5); if old == 1:
-             wake_sleepers(PENDING, PARENT_SLEEPERS)
+             wake_sleepers(PENDING, PARENT_SLEEPERS); else, if PARENT_CPU is
+             the core this worker runs on: EARLY_WAKE <- 1,
+             wake_sleepers(PENDING, PARENT_SLEEPERS), and its next wait sleeps
+             at once (no spin)  (see "Early wake" below)
   parent  7. waits while PENDING != 0 (acquire: every worker's step 5 is visible)
           8. reads the buffers; for each worker whose STATUS is ERROR it
              receives the exception from that worker's pipe.
@@ -55,6 +61,27 @@ syscall when the count is 0 -- either it sees the sleeper, or the sleeper's
 FUTEX_WAIT sees the new value (csrc/shmvec_sync.h).  Waiters spin first
 (yielding their core between bursts): the parent only when a core is free for
 it, a worker only while the parent has lately answered within its budget.
+
+Early wake (a sleeping parent on a core shared with a worker)
+------------------------------------------------------------
+With a worker on every core the parent does not spin (it would take half a
+core from a worker): it sleeps on PENDING, on the core of one of the workers.
+Woken by that worker, it runs within a few microseconds.  Woken by the worker
+on another core, the wake-up crosses cores (an inter-processor interrupt, which
+a virtual machine makes dear) and lands where the first worker is spinning: it
+ran 24 us late on average on the 2-vCPU machine we measure on.  So a worker
+that finishes while others still step, and finds the parent asleep on its own
+core (PARENT_CPU, from sched_getcpu: a hint, since either may move), sets
+EARLY_WAKE, wakes the parent (same core) and sleeps instead of spinning.  The
+parent, seeing PENDING != 0 and EARLY_WAKE set, spins (up to EARLY_SPIN_S,
+then sleeps again) on the core the worker has left, and sees the last worker's
+decrement without being woken.  The next post wakes the sleeping worker with a
+system call on the same core; the parent wakes sleepers only after every
+worker has its command, because the woken worker may take the core at once.
+
+Safety does not depend on the hint: the last worker to decrement PENDING still
+calls wake_sleepers (a no-op when the parent spins), and a parent woken early
+that missed EARLY_WAKE just sleeps again.  A wrong hint costs time only.
 
 Action masks (sb3-contrib's MaskablePPO)
 ----------------------------------------
@@ -134,9 +161,13 @@ from __future__ import annotations
 
 import enum
 
-# Row 0 of the control words holds the global counter and how many parents sleep on it.
+# Row 0 of the control words holds the global counter and how many parents sleep on it, the
+# core the parent sleeps on during a STEP (NO_CPU otherwise) and the early-wake flag.
 PENDING = 0
 PARENT_SLEEPERS = 1
+PARENT_CPU = 2
+EARLY_WAKE = 3
+NO_CPU = 0xFFFFFFFF
 # Each row is one cache line of 16 uint32 words.
 ROW_WORDS = 16
 # Offsets of a worker's words within its row (row 1 + w).
@@ -179,6 +210,8 @@ PARENT_POLL_S = 0.2
 POOL_SPIN_S = 1e-3
 # Shortest spin before a futex sleep (seconds): catches answers already on their way.
 MIN_SPIN_S = 2e-6
+# How long a parent woken early by the worker on its core spins for the others (seconds).
+EARLY_SPIN_S = 5e-3
 # Autoreset modes of a worker (see the module docstring).
 AUTORESET_SAME_STEP = "same_step"
 AUTORESET_NEXT_STEP = "next_step"

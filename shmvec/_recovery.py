@@ -131,6 +131,7 @@ class Recovery:
         """As ``_post``, but only to the workers that are not awaiting their truncation report."""
         words, seqs, fresh = self._words, self._seq, self._fresh
         code = int(cmd)
+        self._arm_early_wake(cmd)
         words.store(P.PENDING, self.n_workers - len(fresh))
         for w, (seq_word, cmd_word, sleepers_word) in enumerate(self._cmd_words):
             if w in fresh:
@@ -138,7 +139,9 @@ class Recovery:
             seqs[w] = seq = (seqs[w] + 1) & 0xFFFFFFFF
             words.store(cmd_word, code)
             words.store(seq_word, seq)
-            words.wake_sleepers(seq_word, sleepers_word)
+        for w, (seq_word, _, sleepers_word) in enumerate(self._cmd_words):
+            if w not in fresh:  # as in _post: every command first, then the wake-ups
+                words.wake_sleepers(seq_word, sleepers_word)
 
     def _complete_restarting(self, command: str) -> list[list]:
         """``_complete_or_raise`` for ``on_failure="restart"``: failed workers are restarted, not raised."""
@@ -151,8 +154,11 @@ class Recovery:
         settle_from: float | None = None
         target = 0  # failed workers that never decremented PENDING
         pending = words.load(P.PENDING)
+        spin = self._parent_spin
         while pending != target:
-            value = words.wait_while(P.PENDING, pending, P.POLL_S, self._parent_spin, P.PARENT_SLEEPERS)
+            if not spin and words.load(P.EARLY_WAKE):
+                spin = P.EARLY_SPIN_S  # as in _complete_or_raise
+            value = words.wait_while(P.PENDING, pending, P.POLL_S, spin, P.PARENT_SLEEPERS)
             if value is not None:
                 pending = value
                 continue
@@ -348,6 +354,7 @@ class Recovery:
         """RESET to the given workers only (with the last reset's arguments for a failed reset)."""
         words, views = self._words, self._views
         what = f"reset after restarting workers {workers}"
+        self._arm_early_wake(P.Cmd.RESET)
         words.store(P.PENDING, len(workers))
         for w in workers:
             arg = self._reset_args.get(w) if command == "reset" else None

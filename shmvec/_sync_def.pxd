@@ -14,3 +14,4 @@ cdef extern from "shmvec_sync.h" nogil:
                           int64_t timeout_ns, uint32_t *observed, uint32_t *sleepers)
     int shmvec_wake_sleepers(uint32_t *word, uint32_t *sleepers, int n)
     int64_t shmvec_now_ns()
+    int shmvec_current_cpu()

@@ -22,7 +22,7 @@ import cloudpickle
 import gymnasium as gym
 
 from shmvec import _protocol as P
-from shmvec._core import Words, publish_step
+from shmvec._core import Words, current_cpu, publish_step
 from shmvec._errors import ShmVecEnvError, SpaceError, pack_exception
 from shmvec._layout import Layout, close_mapping, make_gather, make_scatter
 from shmvec._masks import has_action_masks, write_mask
@@ -126,6 +126,7 @@ class _Worker:
         self.parent = parent
         self.spin = spin
         self.current: int | None = None
+        self.sleep_next = False  # this worker woke the parent early: sleep at once in the next wait
         self.shm: SharedMemory | FdSegment | None = None
         self.words: Words | None = None
         # Autoreset (see _protocol): SAME_STEP resets a finished env within the step that ended it
@@ -204,6 +205,8 @@ class _Worker:
         while True:
             idle_from = clock()
             spin = budget if idle_ema < budget else P.MIN_SPIN_S
+            if self.sleep_next:  # the parent spins on this core until the step ends: leave it the core
+                spin, self.sleep_next = 0.0, False
             value = words.wait_while(seq_word, seen, P.PARENT_POLL_S, spin, sleepers_word)
             if value is None:
                 idle_ema = P.PARENT_POLL_S
@@ -241,6 +244,13 @@ class _Worker:
         words.store(P.word(self.index, P.DONE_SEQ), seq)
         if words.fetch_add(P.PENDING, -1) == 1:
             words.wake_sleepers(P.PENDING, P.PARENT_SLEEPERS)
+        elif words.load(P.PARENT_CPU) == current_cpu():
+            # Early wake: the parent sleeps on this core and others still step.  Wake it now (a
+            # wake-up on the same core, no inter-processor interrupt) and sleep, so that it spins
+            # here and sees the last worker finish without being woken across cores.
+            words.store(P.EARLY_WAKE, 1)
+            words.wake_sleepers(P.PENDING, P.PARENT_SLEEPERS)
+            self.sleep_next = True
 
     def _put_result(self, items: list) -> int:
         if not items:

@@ -29,7 +29,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices,
 from shmvec import _masks
 from shmvec import _protocol as P
 from shmvec._actions import INVALID_ACTIONS, exact_integers, make_action_checks, make_fast_copies
-from shmvec._core import Words, copy_actions, step_infos
+from shmvec._core import Words, copy_actions, current_cpu, step_infos
 from shmvec._errors import (
     AlreadyPendingCallError,
     BrokenVecEnvError,
@@ -706,14 +706,26 @@ class ShmVecEnv(Recovery, VecEnv):
             check(arr)  # NaN, out of range: raises InvalidActionError (or warns) naming the envs
         np.copyto(self._views.act[leaf.path], arr, casting="unsafe")
 
+    def _arm_early_wake(self, cmd: P.Cmd) -> None:
+        """Before a post: tells the workers on which core the parent will sleep (STEP only, and
+        only when it does not spin), and clears the early-wake flag (protocol, "Early wake")."""
+        words = self._words
+        cpu = current_cpu() if cmd == P.Cmd.STEP and self._parent_spin == 0.0 else -1
+        words.store(P.PARENT_CPU, cpu if cpu >= 0 else P.NO_CPU)
+        words.store(P.EARLY_WAKE, 0)
+
     def _post(self, cmd: P.Cmd) -> None:
         words, seqs = self._words, self._seq
         code = int(cmd)
+        self._arm_early_wake(cmd)
         words.store(P.PENDING, self.n_workers)
-        for w, (seq_word, cmd_word, sleepers_word) in enumerate(self._cmd_words):
+        for w, (seq_word, cmd_word, _) in enumerate(self._cmd_words):
             seqs[w] = seq = (seqs[w] + 1) & 0xFFFFFFFF
             words.store(cmd_word, code)
             words.store(seq_word, seq)
+        # Wake the sleepers only once every worker has its command: a worker woken on this core
+        # may take it at once, and the spinning workers must not wait for it to finish.
+        for seq_word, _, sleepers_word in self._cmd_words:
             words.wake_sleepers(seq_word, sleepers_word)
 
     def _complete(self, command: str, deadline_s: float | None = None) -> list[list]:
@@ -735,8 +747,11 @@ class ShmVecEnv(Recovery, VecEnv):
         limit = self.timeout if deadline_s is None else deadline_s
         since = time.monotonic()  # the timeout is real time: a loaded machine makes each poll longer
         pending = words.load(P.PENDING)
+        spin = self._parent_spin
         while pending != 0:
-            value = words.wait_while(P.PENDING, pending, P.POLL_S, self._parent_spin, P.PARENT_SLEEPERS)
+            if not spin and words.load(P.EARLY_WAKE):
+                spin = P.EARLY_SPIN_S  # the worker on this core is done and asleep: spin for the rest
+            value = words.wait_while(P.PENDING, pending, P.POLL_S, spin, P.PARENT_SLEEPERS)
             if value is not None:
                 pending = value
                 continue

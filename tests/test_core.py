@@ -387,3 +387,15 @@ def test_words_pin_the_shared_memory(block):
     with pytest.raises(BufferError):
         shm.close()  # the mapping cannot go away under a Words
     extra.release()
+
+
+def test_current_cpu_is_a_core_this_process_may_run_on():
+    cpu = _core.current_cpu()
+    assert cpu == -1 or cpu in os.sched_getaffinity(0)
+    allowed = os.sched_getaffinity(0)
+    target = max(allowed)
+    try:
+        os.sched_setaffinity(0, {target})
+        assert _core.current_cpu() in (target, -1)
+    finally:
+        os.sched_setaffinity(0, allowed)

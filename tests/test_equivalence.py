@@ -8,6 +8,7 @@ included) and ``reset_infos``.
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 import testenvs
 from helpers import assert_same, close_all
 from shmvec import ShmVecEnv
+from shmvec import _protocol as P
 
 N_STEPS = 120
 
@@ -146,6 +148,48 @@ def test_matches_dummy_vec_env(method, obs_kind, act_kind, n_envs, n_workers):
         stats = run_lockstep(ref, env, options=options)
         _check_coverage(stats)
     finally:
+        close_all(env, ref)
+
+
+def _record_early_wakes(env: ShmVecEnv) -> list[int]:
+    """After each step_wait, the early-wake flag: 1 when a worker on the parent's core woke it early."""
+    flags: list[int] = []
+    step_wait = env.step_wait
+
+    def recording_step_wait():
+        out = step_wait()
+        flags.append(env._words.load(P.EARLY_WAKE))
+        return out
+
+    env.step_wait = recording_step_wait
+    return flags
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+@pytest.mark.parametrize("parent_spin_us, expect_early", [(0.0, True), (1000.0, False)])
+def test_matches_dummy_vec_env_through_early_wakes(parent_spin_us, expect_early):
+    """Worker 0 shares the parent's core (both pinned) and finishes first (worker 1's envs are
+    slow): with a sleeping parent it wakes the parent early and sleeps, the parent spins until
+    worker 1 is done (protocol, "Early wake").  Every step still equals DummyVecEnv's; a
+    spinning parent is never woken early."""
+    here, other = sorted(os.sched_getaffinity(0))[:2]
+    fns = [functools.partial(testenvs.make_slow_spaces_env, 0.0 if i < 3 else 0.0005, i) for i in range(6)]
+    ref = DummyVecEnv(fns)
+    env = None
+    allowed = os.sched_getaffinity(0)
+    try:
+        env = ShmVecEnv(fns, n_workers=2, start_method="fork", cpu_affinity=[[here], [other]],
+                        spin_us=(parent_spin_us, 5000.0))
+        os.sched_setaffinity(0, {here})
+        flags = _record_early_wakes(env)
+        stats = run_lockstep(ref, env, n_steps=60, options=_options(6))
+        assert stats.terminated and stats.truncated
+        if expect_early:
+            assert sum(flags) >= len(flags) // 2, f"early wakes in {sum(flags)} of {len(flags)} steps"
+        else:
+            assert sum(flags) == 0
+    finally:
+        os.sched_setaffinity(0, allowed)
         close_all(env, ref)
 
 

@@ -187,6 +187,25 @@ def make_spaces_env(obs_kind: str = "box", act_kind: str = "discrete", index: in
     return TimeLimit(env, max_episode_steps=max_steps if max_steps is not None else 12 + index % 7)
 
 
+class SlowStep(gym.Wrapper):
+    """Busy-waits ``seconds`` in every ``step`` (a slow env that keeps its core, unlike a sleep)."""
+
+    def __init__(self, env: gym.Env, seconds: float) -> None:
+        super().__init__(env)
+        self.seconds = seconds
+
+    def step(self, action):
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass
+        return self.env.step(action)
+
+
+def make_slow_spaces_env(seconds: float, index: int = 0) -> gym.Env:
+    """``make_spaces_env("box", "discrete", index)`` that busy-waits ``seconds`` in each step."""
+    return SlowStep(make_spaces_env("box", "discrete", index), seconds)
+
+
 def spaces_env_fns(obs_kind: str, act_kind: str, n_envs: int, **kwargs: Any) -> list:
     return [functools.partial(make_spaces_env, obs_kind, act_kind, i, **kwargs) for i in range(n_envs)]
 
