@@ -13,7 +13,8 @@ slowest process.  This script measures that bound directly, in alternating round
 - ``roundtrip``: the same processes driven by this (parent) process through ShmVecEnv's own
   signalling and nothing else: every step the parent posts a sequence number to each process
   (``shmvec._core.Words``: release store, futex wake of sleepers), each steps its envs, and the
-  last to finish wakes the parent, with ShmVecEnv's default spins.  No actions, observations,
+  last to finish wakes the parent (or the first, if it shares the parent's core: the early wake
+  of ``shmvec._protocol``), with ShmVecEnv's default spins.  No actions, observations,
   rewards or infos cross: this is the bound of any vec env with a parent in the loop that
   signals as ShmVecEnv does, and ``ShmVecEnv / roundtrip`` is what its data path costs.
 
@@ -41,7 +42,8 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 from shmvec import ShmVecEnv
 from shmvec._bench.measures import stop_processes
-from shmvec._core import Words
+from shmvec._core import Words, current_cpu
+from shmvec._protocol import EARLY_SPIN_S, NO_CPU
 from shmvec.shm_vec_env import DEFAULT_PARENT_SPIN_US, DEFAULT_WORKER_SPIN_US, _cores
 
 ENV_ID = "CartPole-v1"
@@ -58,9 +60,10 @@ def _make_envs(start: int, count: int) -> list:
 
 
 # The round trip's words (shmvec._core.Words), after the barrier's slots: the parent's counter of
-# processes still stepping and its sleepers, a stop flag, then each process's sequence number and
-# its sleepers (as shmvec._protocol's PENDING, PARENT_SLEEPERS, CMD_SEQ and CMD_SLEEPERS).
-PENDING, PARENT_SLEEPERS, STOP_WORD = 0, 1, 2
+# processes still stepping and its sleepers, the parent's core and the early-wake flag, a stop
+# flag, then each process's sequence number and its sleepers (as shmvec._protocol's PENDING,
+# PARENT_SLEEPERS, PARENT_CPU, EARLY_WAKE, CMD_SEQ and CMD_SLEEPERS).
+PENDING, PARENT_SLEEPERS, PARENT_CPU, EARLY_WAKE, STOP_WORD = 0, 1, 2, 3, 4
 
 
 def _words_offset(k: int) -> int:
@@ -68,11 +71,11 @@ def _words_offset(k: int) -> int:
 
 
 def _seq_word(index: int) -> int:
-    return 3 + 2 * index
+    return 5 + 2 * index
 
 
 def _word_count(k: int) -> int:
-    return 3 + 2 * k
+    return 5 + 2 * k
 
 
 def _step_slice(envs: list, actions) -> None:
@@ -134,10 +137,12 @@ def _serve_roundtrip(index: int, words: Words, envs: list, actions, seen: int) -
     """A ShmVecEnv worker's loop (shmvec._worker._Worker.serve) with a bare step body, until the
     parent posts with the stop flag set; returns the last sequence number seen, (steps, seconds)."""
     seq_word, sleepers_word = _seq_word(index), _seq_word(index) + 1
-    spin = DEFAULT_WORKER_SPIN_US * 1e-6
+    budget = DEFAULT_WORKER_SPIN_US * 1e-6
     parent = os.getppid()
+    sleep_next = False
     steps, t0 = 0, time.perf_counter()
     while True:
+        spin, sleep_next = (0.0 if sleep_next else budget), False
         value = words.wait_while(seq_word, seen, 1.0, spin, sleepers_word)
         if value is None:
             if os.getppid() != parent:
@@ -150,6 +155,10 @@ def _serve_roundtrip(index: int, words: Words, envs: list, actions, seen: int) -
         steps += 1
         if words.fetch_add(PENDING, -1) == 1:
             words.wake_sleepers(PENDING, PARENT_SLEEPERS)
+        elif words.load(PARENT_CPU) == current_cpu():  # early wake (shmvec._protocol)
+            words.store(EARLY_WAKE, 1)
+            words.wake_sleepers(PENDING, PARENT_SLEEPERS)
+            sleep_next = True
 
 
 class Lockstep:
@@ -199,13 +208,17 @@ class Lockstep:
             return steps * self.n_envs / max(t for _, t in results)
         return sum(s * (self.n_envs / self.k) / t for s, t in results)
 
-    def _post(self) -> None:
+    def _post(self, spin: float = 0.0) -> None:
         words = self.words
+        cpu = current_cpu() if spin == 0.0 else -1
+        words.store(PARENT_CPU, cpu if cpu >= 0 else NO_CPU)
+        words.store(EARLY_WAKE, 0)
         words.store(PENDING, self.k)
         for w in range(self.k):
             seq_word = _seq_word(w)
             words.store(seq_word, (words.load(seq_word) + 1) & 0xFFFFFFFF)
-            words.wake_sleepers(seq_word, seq_word + 1)
+        for w in range(self.k):
+            words.wake_sleepers(_seq_word(w), _seq_word(w) + 1)
 
     def _drive(self, seconds: float) -> tuple[int, float]:
         """ShmVecEnv's step_async + step_wait, with nothing to write or read: post, wait for PENDING == 0."""
@@ -215,10 +228,12 @@ class Lockstep:
         steps, t0 = 0, time.perf_counter()
         end = t0 + seconds
         while True:
-            post()
-            pending = self.k
+            post(spin)
+            pending, wait_spin = self.k, spin
             while pending:
-                value = words.wait_while(PENDING, pending, 1.0, spin, PARENT_SLEEPERS)
+                if not wait_spin and words.load(EARLY_WAKE):
+                    wait_spin = EARLY_SPIN_S
+                value = words.wait_while(PENDING, pending, 1.0, wait_spin, PARENT_SLEEPERS)
                 if value is not None:
                     pending = value
                 elif not all(p.is_alive() for p in self.procs):
