@@ -41,7 +41,8 @@ Between commands every worker is idle and the parent owns every buffer.
           6. DONE_SEQ[w] <- seq (release); old <- fetch_add(PENDING, -1)
              (seq_cst: releases step 5); if old == 1:
              wake_sleepers(PENDING, PARENT_SLEEPERS); else, if PARENT_CPU is
-             the core this worker runs on: EARLY_WAKE <- 1,
+             the core this worker runs on and CMD_SEQ[w] is still seq (no
+             next command posted in the meantime): EARLY_WAKE <- 1,
              wake_sleepers(PENDING, PARENT_SLEEPERS), and its next wait sleeps
              at once (no spin)  (see "Early wake" below)
   parent  7. waits while PENDING != 0 (acquire: every worker's step 5 is visible)

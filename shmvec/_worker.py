@@ -244,10 +244,11 @@ class _Worker:
         words.store(P.word(self.index, P.DONE_SEQ), seq)
         if words.fetch_add(P.PENDING, -1) == 1:
             words.wake_sleepers(P.PENDING, P.PARENT_SLEEPERS)
-        elif words.load(P.PARENT_CPU) == current_cpu():
+        elif words.load(P.PARENT_CPU) == current_cpu() and words.load(P.word(self.index, P.CMD_SEQ)) == seq:
             # Early wake: the parent sleeps on this core and others still step.  Wake it now (a
             # wake-up on the same core, no inter-processor interrupt) and sleep, so that it spins
-            # here and sees the last worker finish without being woken across cores.
+            # here and sees the last worker finish without being woken across cores.  (If the
+            # parent has already posted the next command, PARENT_CPU is the next step's: skip.)
             words.store(P.EARLY_WAKE, 1)
             words.wake_sleepers(P.PENDING, P.PARENT_SLEEPERS)
             self.sleep_next = True
