@@ -90,7 +90,7 @@ class Recovery:
     It uses the vec env's attributes (``_res``, ``_words``, ``_views``, ``_seq``,
     ``slices``, ...) and adds its own; the vec env calls ``_init_recovery`` at
     construction, ``_complete_restarting`` instead of its raising wait,
-    ``_recover_dead`` before a rare command, ``_post_skipping`` while restarted
+    ``_recover_dead`` before a rare command, ``_post(cmd, skip=self._fresh)`` while restarted
     envs await their truncation report, and ``_remember_obs`` on what it returns.
     """
 
@@ -127,22 +127,6 @@ class Recovery:
         return obs
 
     # ---- synchronous commands ------------------------------------------------------------------
-    def _post_skipping(self, cmd: P.Cmd) -> None:
-        """As ``_post``, but only to the workers that are not awaiting their truncation report."""
-        words, seqs, fresh = self._words, self._seq, self._fresh
-        code = int(cmd)
-        self._arm_early_wake(cmd)
-        words.store(P.PENDING, self.n_workers - len(fresh))
-        for w, (seq_word, cmd_word, sleepers_word) in enumerate(self._cmd_words):
-            if w in fresh:
-                continue
-            seqs[w] = seq = (seqs[w] + 1) & 0xFFFFFFFF
-            words.store(cmd_word, code)
-            words.store(seq_word, seq)
-        for w, (seq_word, _, sleepers_word) in enumerate(self._cmd_words):
-            if w not in fresh:  # as in _post: every command first, then the wake-ups
-                words.wake_sleepers(seq_word, sleepers_word)
-
     def _complete_restarting(self, command: str) -> list[list]:
         """``_complete_or_raise`` for ``on_failure="restart"``: failed workers are restarted, not raised."""
         words, seqs = self._words, self._seq

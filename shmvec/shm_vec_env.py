@@ -472,10 +472,8 @@ class ShmVecEnv(Recovery, VecEnv):
         if self.waiting:
             raise AlreadyPendingCallError("step_async() called twice: call step_wait() before the next step_async()")
         self._write_actions(actions)
-        if self._fresh:  # restarted envs that await their truncation report are not stepped
-            self._post_skipping(P.Cmd.STEP)
-        else:
-            self._post(P.Cmd.STEP)
+        # Restarted envs that await their truncation report (_recovery) are not stepped.
+        self._post(P.Cmd.STEP, skip=self._fresh)
         self.waiting = True
 
     def step_wait(self) -> VecEnvStepReturn:
@@ -714,19 +712,22 @@ class ShmVecEnv(Recovery, VecEnv):
         words.store(P.PARENT_CPU, cpu if cpu >= 0 else P.NO_CPU)
         words.store(P.EARLY_WAKE, 0)
 
-    def _post(self, cmd: P.Cmd) -> None:
+    def _post(self, cmd: P.Cmd, skip: Any = ()) -> None:
+        """Posts ``cmd`` to every worker but those in ``skip`` (protocol steps 1-3)."""
         words, seqs = self._words, self._seq
         code = int(cmd)
         self._arm_early_wake(cmd)
-        words.store(P.PENDING, self.n_workers)
+        words.store(P.PENDING, self.n_workers - len(skip))
         for w, (seq_word, cmd_word, _) in enumerate(self._cmd_words):
-            seqs[w] = seq = (seqs[w] + 1) & 0xFFFFFFFF
-            words.store(cmd_word, code)
-            words.store(seq_word, seq)
+            if w not in skip:
+                seqs[w] = seq = (seqs[w] + 1) & 0xFFFFFFFF
+                words.store(cmd_word, code)
+                words.store(seq_word, seq)
         # Wake the sleepers only once every worker has its command: a worker woken on this core
         # may take it at once, and the spinning workers must not wait for it to finish.
-        for seq_word, _, sleepers_word in self._cmd_words:
-            words.wake_sleepers(seq_word, sleepers_word)
+        for w, (seq_word, _, sleepers_word) in enumerate(self._cmd_words):
+            if w not in skip:
+                words.wake_sleepers(seq_word, sleepers_word)
 
     def _complete(self, command: str, deadline_s: float | None = None) -> list[list]:
         """Waits for PENDING to reach 0, then collects each worker's infos (or error)."""
