@@ -14,7 +14,9 @@ computed identically on both sides by :class:`shmvec._layout.Layout`)::
     terminated      bool (n_envs,)
     truncated       bool (n_envs,)
     mailboxes       n_workers x mailbox_bytes: pickled seeds/options (and a
-                    reset mask) going in, non-empty infos coming out
+                    reset mask) going in, non-empty infos coming out (in the
+                    info codec of shmvec._core, first byte INFO_CODEC_MAGIC,
+                    or pickled when the codec does not carry a value)
     action masks    bool (n_envs, mask_size), only with action masks on
                     (shmvec._masks; mask_size travels in the attach message)
 
@@ -34,8 +36,8 @@ Between commands every worker is idle and the parent owns every buffer.
              wake_sleepers(CMD_SEQ[w], CMD_SLEEPERS[w])
   worker  4. waits while CMD_SEQ[w] == last seen (acquire): steps 1-3 are visible
           5. steps its envs, writes observations, rewards, flags, terminal
-             observations of its own slice; pickles the non-empty infos into
-             mailbox w, RESULT_LEN[w] <- length; STATUS[w] <- OK or ERROR;
+             observations of its own slice; encodes (or pickles) the non-empty
+             infos into mailbox w, RESULT_LEN[w] <- length; STATUS[w] <- OK or ERROR;
              on ERROR (or infos too large for the mailbox) the details go
              through worker w's pipe *before* step 6
           6. DONE_SEQ[w] <- seq (release); old <- fetch_add(PENDING, -1)

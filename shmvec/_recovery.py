@@ -58,6 +58,7 @@ from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
 from shmvec import _protocol as P
+from shmvec._core import load_result
 from shmvec._errors import (
     SpaceError,
     TooManyRestartsError,
@@ -175,7 +176,7 @@ class Recovery:
             if n == P.RESULT_IN_PIPE:
                 results[w] = pickle.loads(self._recv_raw(w, command, raw_bytes=True))
             elif n:
-                results[w] = pickle.loads(self._views.mailbox[w, :n])
+                results[w] = load_result(self._views.mailbox[w, :n])
 
         reset_infos = self._restart_workers(failed, command) if failed else {}
         if command == "step":
@@ -371,7 +372,7 @@ class Recovery:
             if n == P.RESULT_IN_PIPE:
                 items = pickle.loads(self._recv_raw(w, what, raw_bytes=True))
             else:
-                items = pickle.loads(views.mailbox[w, :n]) if n else []
+                items = load_result(views.mailbox[w, :n]) if n else []
             infos.update(items)
         if error is not None:
             raise error

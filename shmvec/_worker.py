@@ -22,7 +22,7 @@ import cloudpickle
 import gymnasium as gym
 
 from shmvec import _protocol as P
-from shmvec._core import Words, current_cpu, publish_step
+from shmvec._core import Words, current_cpu, encode_infos, publish_step
 from shmvec._errors import ShmVecEnvError, SpaceError, pack_exception
 from shmvec._layout import Layout, close_mapping, make_gather, make_scatter
 from shmvec._masks import has_action_masks, write_mask
@@ -254,8 +254,18 @@ class _Worker:
             self.sleep_next = True
 
     def _put_result(self, items: list) -> int:
+        """Writes the command's non-empty infos into the mailbox; returns RESULT_LEN.
+
+        The info codec first (``shmvec._core.encode_infos``: no pickler, 2 to 6 us less per
+        message and step); a value it does not carry, or a message too large for the mailbox,
+        is pickled (the pickle is smaller: its memo shares repeated keys), and a pickle too
+        large for the mailbox goes through the pipe.
+        """
         if not items:
             return 0
+        n = encode_infos(items, self.mailbox)
+        if n > 0:
+            return n
         try:
             data = pickle.dumps(items, protocol=5)
         except Exception:

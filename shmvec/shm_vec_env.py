@@ -29,7 +29,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices,
 from shmvec import _masks
 from shmvec import _protocol as P
 from shmvec._actions import INVALID_ACTIONS, exact_integers, make_action_checks, make_fast_copies
-from shmvec._core import Words, copy_actions, current_cpu, step_infos
+from shmvec._core import Words, copy_actions, current_cpu, load_result, step_infos
 from shmvec._errors import (
     AlreadyPendingCallError,
     BrokenVecEnvError,
@@ -782,7 +782,7 @@ class ShmVecEnv(Recovery, VecEnv):
             elif n == P.RESULT_IN_PIPE:
                 results.append(pickle.loads(self._recv_raw(w, command, raw_bytes=True)))
             else:
-                results.append(pickle.loads(self._views.mailbox[w, :n]))
+                results.append(load_result(self._views.mailbox[w, :n]))
         if error is not None:
             self._broken = error
             raise error

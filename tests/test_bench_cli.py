@@ -25,7 +25,7 @@ from shmvec._bench.envs import EnvFactory, check_env_name, obs_nbytes
 from shmvec._bench.measures import ACTION_BATCHES, Ceiling, Stepper, median_ratio, side_by_side, tree_memory
 from shmvec._bench.remote import RemoteBackend, RemoteError
 
-BENCH_ENVS = ["CartPole-v1", "busy-50us", "image-84x84x4", "image-210x160x3", "CartPole-info", "dict-obs", "zero-cost"]
+BENCH_ENVS = ["CartPole-v1", "CartPole-monitor", "busy-50us", "image-84x84x4", "image-210x160x3", "CartPole-info", "dict-obs", "zero-cost"]
 TINY = ["--seconds", "0.2", "--rounds", "2", "--quiet"]
 
 
@@ -86,7 +86,33 @@ def test_image_and_dict_observations():
     env.close()
 
 
-@pytest.mark.parametrize("env", ["CartPole-v1", "image-84x84x4", "dict-obs", "CartPole-info"])
+def test_cartpole_monitor_is_what_make_vec_env_builds():
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    ours, theirs = EnvFactory("CartPole-monitor")(), make_vec_env("CartPole-v1", n_envs=1, vec_env_cls=DummyVecEnv).envs[0]
+    try:
+        chain = []
+        for env in (ours, theirs):
+            kinds, e = [], env
+            while isinstance(e, gym.Wrapper):
+                kinds.append(type(e))
+                e = e.env
+            chain.append((kinds, type(e)))
+        assert chain[0] == chain[1] and chain[0][0][0] is Monitor
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_sb3_envs_are_not_offered_to_a_remote_interpreter():
+    remote = [b for b in B.REGISTRY.values() if b.remote]
+    assert remote and not any(b.supports("CartPole-monitor") for b in remote)
+    assert B.get("ShmVecEnv").supports("CartPole-monitor")
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", "CartPole-monitor", "image-84x84x4", "dict-obs", "CartPole-info"])
 @pytest.mark.parametrize("backend", [n for n, b in B.REGISTRY.items() if not b.remote])
 def test_every_backend_steps_every_env(backend, env):
     b = B.get(backend)

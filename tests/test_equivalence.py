@@ -218,6 +218,41 @@ def test_matches_dummy_vec_env_when_infos_overflow_the_mailbox():
         close_all(env, ref)
 
 
+def _types(x):
+    """The nested structure of ``x``'s types (assert_same compares values, not types)."""
+    if isinstance(x, dict):
+        return (type(x).__name__, [(_types(k), _types(v)) for k, v in x.items()])
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, [_types(v) for v in x])
+    if isinstance(x, np.ndarray):
+        return ("ndarray", x.dtype.str, x.shape)
+    return type(x).__name__
+
+
+def test_infos_of_every_type_arrive_as_the_same_types():
+    """Infos travel in the info codec where it carries every value and pickled where it does not
+    (an OrderedDict every fourth step): either way each value arrives with its own type."""
+    fns = [functools.partial(testenvs.make_mixed_info_env, i) for i in range(5)]
+    ref = DummyVecEnv(fns)
+    env = None
+    try:
+        env = ShmVecEnv(fns, n_workers=2, start_method="fork")
+        for venv in (ref, env):
+            venv.seed(7)
+        env.reset(), ref.reset()
+        actions = _actions(env.action_space, 5, 24, 7)
+        kinds = set()
+        for a in actions:
+            _, _, _, infos_r = ref.step(a)
+            _, _, _, infos_s = env.step(a)
+            assert_same(infos_s, infos_r, "infos")
+            assert [_types(i) for i in infos_s] == [_types(i) for i in infos_r]
+            kinds.update("odd" in i for i in infos_s)
+        assert kinds == {True, False}  # both paths ran
+    finally:
+        close_all(env, ref)
+
+
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_make_vec_env_cartpole_matches_dummy(method):
     kwargs = {"start_method": method, "n_workers": 2}

@@ -13,6 +13,8 @@ agree step for step.
 
 from __future__ import annotations
 
+import collections
+
 import functools
 import os
 import signal
@@ -372,6 +374,25 @@ class BigInfoEnv(SpacesEnv):
 
 def make_big_info_env(index: int = 0) -> gym.Env:
     return TimeLimit(BigInfoEnv("box", "discrete", tag=index), max_episode_steps=10 + index)
+
+
+class MixedInfoEnv(SpacesEnv):
+    """Infos of many types every step (numpy scalars and arrays, nested containers, text); every
+    fourth step also a value the info codec declines (an OrderedDict), so that both the codec and
+    the pickle fallback carry them."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        t = self._t
+        info = dict(info, f64=np.float64(t / 3), i32=np.int32(-t), flag=np.bool_(t % 2), arr=np.arange(3, dtype=np.float32) * t,
+                    nested={"a": [t, (True, None, 1.5)], 7: "x"}, text=f"step {t} \u00e9")
+        if t % 4 == 0:
+            info["odd"] = collections.OrderedDict(step=t)
+        return obs, reward, terminated, truncated, info
+
+
+def make_mixed_info_env(index: int = 0) -> gym.Env:
+    return TimeLimit(MixedInfoEnv("box", "discrete", tag=index), max_episode_steps=9 + index)
 
 
 class TextEnv(gym.Env):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shmvec._bench.envs import EnvFactory
+from shmvec._bench.envs import SB3_ENVS, EnvFactory
 
 
 @dataclass
@@ -184,6 +184,8 @@ class Backend:
         return None
 
     def supports(self, env: str) -> bool:
+        if self.remote and env in SB3_ENVS:  # its interpreter has no stable-baselines3
+            return False
         return self.envs is None or env in self.envs
 
 

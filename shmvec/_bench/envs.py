@@ -3,6 +3,9 @@
 Names (``env_names()`` lists them; ``busy-<N>us`` and ``image-<H>x<W>x<C>`` take any size):
 
 - ``CartPole-v1``: Gymnasium's CartPole through ``gym.make``: a cheap step (a few microseconds).
+- ``CartPole-monitor``: the env SB3's ``make_vec_env("CartPole-v1", ...)`` builds: ``gym.make``
+  wrapped in SB3's ``Monitor``, whose ``episode`` info every finished episode sends back to the
+  parent (issue 2's speed targets are stated for it).  Needs stable-baselines3 where it runs.
 - ``busy-200us``: a CartPole-shaped env whose step burns 200 microseconds of CPU (thread CPU
   time, so a descheduled process does not get its work done for free).
 - ``image-84x84x4``, ``image-210x160x3``: uint8 image observations (Atari after the usual
@@ -29,14 +32,17 @@ from gymnasium import spaces
 
 _BUSY = re.compile(r"^busy-(\d+)us$")
 _IMAGE = re.compile(r"^image-(\d+)x(\d+)x(\d+)$")
-_FIXED = ("CartPole-v1", "CartPole-info", "dict-obs", "zero-cost")
+_FIXED = ("CartPole-v1", "CartPole-monitor", "CartPole-info", "dict-obs", "zero-cost")
+# Envs that import stable-baselines3 (not there in a helper interpreter such as PufferLib's venv).
+SB3_ENVS = ("CartPole-monitor",)
 # Episode length of the synthetic envs (then truncated), so that resets happen as in real training.
 EPISODE_STEPS = 500
 
 
 def env_names() -> list[str]:
     """Example names of every kind of env (busy and image envs take any size)."""
-    return ["CartPole-v1", "busy-200us", "image-84x84x4", "image-210x160x3", "CartPole-info", "dict-obs", "zero-cost"]
+    return ["CartPole-v1", "CartPole-monitor", "busy-200us", "image-84x84x4", "image-210x160x3", "CartPole-info",
+            "dict-obs", "zero-cost"]
 
 
 def check_env_name(name: str) -> str:
@@ -159,6 +165,10 @@ class EnvFactory:
         name = self.name
         if name == "CartPole-v1":
             return gym.make("CartPole-v1")
+        if name == "CartPole-monitor":
+            from stable_baselines3.common.monitor import Monitor  # what make_vec_env wraps each env in
+
+            return Monitor(gym.make("CartPole-v1"))
         if name == "CartPole-info":
             return InfoEveryStep(gym.make("CartPole-v1"))
         if name == "dict-obs":
