@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Private Cython wrapper of csrc/: shared 32-bit words (shmvec_sync) and the index queue (shmvec_queue).
+"""Private Cython wrapper of csrc/ (shared 32-bit words, the index queue), the hot path's C loops and the info codec.
 
 The only compiled module of shmvec.  Python code never touches a word except
 through :class:`Words`; the memory ordering of each call is the one documented
