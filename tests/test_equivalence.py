@@ -218,6 +218,56 @@ def test_matches_dummy_vec_env_when_infos_overflow_the_mailbox():
         close_all(env, ref)
 
 
+def test_step_takes_the_short_way_and_still_matches_dummy():
+    """``step()`` skips ``step_async``/``step_wait`` for the usual spaces; every output (terminal
+    observations and Monitor's episode infos included) still equals DummyVecEnv's (as in
+    test_make_vec_env_cartpole_matches_dummy, for every start method), and anything the short way
+    does not take (an action out of range) goes the long way and raises as before."""
+    kwargs = {"n_workers": 2, "start_method": "fork"}
+    ref = make_vec_env("CartPole-v1", n_envs=6, vec_env_cls=DummyVecEnv, seed=5)
+    env = None
+    try:
+        env = make_vec_env("CartPole-v1", n_envs=6, vec_env_cls=ShmVecEnv, vec_env_kwargs=kwargs, seed=5)
+        assert env._step_actions is not None
+        long_way = []
+        step_async = env.step_async
+        env.step_async = lambda actions: (long_way.append(1), step_async(actions))[1]
+        assert_same(env.reset(), ref.reset(), "reset", strict_dtype=True)
+        actions = np.random.default_rng(5).integers(0, 2, size=(150, 6))
+        episodes = 0
+        for i, a in enumerate(actions):
+            out, expected = env.step(a), ref.step(a)
+            for k, what in enumerate(("obs", "rewards", "dones")):
+                assert_same(out[k], expected[k], f"step {i} {what}", strict_dtype=True)
+            # Monitor's "t" is wall-clock time: the only field that may differ
+            assert_same(out[3], expected[3], f"step {i} infos", ignore=frozenset({"t"}))
+            assert_same(env.reset_infos, ref.reset_infos, f"step {i} reset_infos")
+            episodes += sum("episode" in info for info in out[3])
+        assert episodes > 0 and not long_way
+        with pytest.raises(ValueError, match="env"):
+            env.step(np.full(6, 7))
+        assert long_way == [1]
+    finally:
+        close_all(env, ref)
+
+
+class _CountingShmVecEnv(ShmVecEnv):
+    def step_wait(self):
+        self.waits = getattr(self, "waits", 0) + 1
+        return super().step_wait()
+
+
+def test_step_goes_the_long_way_where_a_subclass_overrides_step_wait():
+    env = _CountingShmVecEnv(testenvs.spaces_env_fns("box", "discrete", 2), n_workers=2, start_method="fork")
+    try:
+        assert env._step_actions is None
+        env.reset()
+        env.step(np.zeros(2, dtype=np.int64))
+        assert env.waits == 1
+    finally:
+        close_all(env)
+
+
 def _types(x):
     """The nested structure of ``x``'s types (assert_same compares values, not types)."""
     if isinstance(x, dict):
