@@ -1,16 +1,17 @@
 """Where one ShmVecEnv step's time goes: a timeline of every step, parent and workers.
 
 Runs ``n_envs`` CartPoles (``make_vec_env``, fork start method) and stamps, with the monotonic
-clock shared by all processes, when the parent starts ``step_async``, when it starts waiting,
-when its wait returns and when ``step_wait`` returns, and when each worker starts and ends the
-body of the step.  Prints the medians of each interval (microseconds)::
+clock shared by all processes, when the parent starts ``step``, when it starts waiting, when its
+wait returns and when ``step`` returns, and when each worker starts and ends the body of the
+step.  Prints the medians of each interval (microseconds)::
 
     python bench/step_timeline.py                       # 64 envs, 2 workers, 3000 steps
     python bench/step_timeline.py --n-envs 8 --steps 5000 --spin-us 1000 1000
 
 A diagnostic, not a benchmark: the stamps cost about a microsecond each.  It wraps private
 methods (``_Worker._sync_command``, ``ShmVecEnv._complete_or_raise``) and needs ``fork``, so
-that the workers inherit the wrappers.
+that the workers inherit the wrappers.  ``step`` is what SB3's loops call: ``ShmVecEnv.step``
+(its short way, or ``step_async`` + ``step_wait``).
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ def _install(table: np.ndarray):
     """Wraps the four methods to stamp ``table``; returns the function that unwraps them."""
     rows = table.shape[0]
     clock = time.perf_counter
-    sync, step_async, step_wait, complete = (W._Worker._sync_command, S.ShmVecEnv.step_async,
-                                             S.ShmVecEnv.step_wait, S.ShmVecEnv._complete_or_raise)
+    sync, step, complete = W._Worker._sync_command, S.ShmVecEnv.step, S.ShmVecEnv._complete_or_raise
 
     def timed_sync(self, seq, name, body):
         row, col = seq % rows, WORKER0 + 2 * self.index
@@ -49,9 +49,12 @@ def _install(table: np.ndarray):
             return out
         return sync(self, seq, name, timed_body)
 
-    def timed_async(self, actions):
-        table[(self._seq[0] + 1) % rows, ASYNC] = clock()
-        step_async(self, actions)
+    def timed_step(self, actions):
+        row = (self._seq[0] + 1) % rows
+        table[row, ASYNC] = clock()
+        out = step(self, actions)
+        table[row, RETURNED] = clock()
+        return out
 
     def timed_complete(self, command, deadline_s):
         table[self._seq[0] % rows, WAIT] = clock()
@@ -59,19 +62,12 @@ def _install(table: np.ndarray):
         table[self._seq[0] % rows, WAIT_DONE] = clock()
         return out
 
-    def timed_wait(self):
-        out = step_wait(self)
-        table[self._seq[0] % rows, RETURNED] = clock()
-        return out
-
     def restore() -> None:
         W._Worker._sync_command = sync
-        S.ShmVecEnv.step_async, S.ShmVecEnv._complete_or_raise = step_async, complete
-        S.ShmVecEnv.step_wait = step_wait
+        S.ShmVecEnv.step, S.ShmVecEnv._complete_or_raise = step, complete
 
     W._Worker._sync_command = timed_sync
-    S.ShmVecEnv.step_async, S.ShmVecEnv._complete_or_raise = timed_async, timed_complete
-    S.ShmVecEnv.step_wait = timed_wait
+    S.ShmVecEnv.step, S.ShmVecEnv._complete_or_raise = timed_step, timed_complete
     return restore
 
 

@@ -507,8 +507,10 @@ class ShmVecEnv(Recovery, VecEnv):
         """``step_async(actions)`` then ``step_wait()`` (SB3's ``VecEnv.step``), the usual case in
         fewer calls: at 8 CartPoles the parent's own Python is a few percent of a step."""
         # (No local holds a view of the block: a traceback that keeps this frame would keep it mapped.)
+        own = self.__dict__  # step_async or step_wait replaced on this object: honour them
         if (self._step_actions is None or self.waiting or self.closed or self._broken is not None
-                or self._restart or not copy_actions(actions, *self._step_actions)):
+                or self._restart or "step_wait" in own or "step_async" in own
+                or not copy_actions(actions, *self._step_actions)):
             return super().step(actions)  # everything else, and every check and error message
         self._post(P.Cmd.STEP)
         self.waiting = True

@@ -218,20 +218,26 @@ def test_matches_dummy_vec_env_when_infos_overflow_the_mailbox():
         close_all(env, ref)
 
 
-def test_step_takes_the_short_way_and_still_matches_dummy():
+def test_step_takes_the_short_way_and_still_matches_dummy(monkeypatch):
     """``step()`` skips ``step_async``/``step_wait`` for the usual spaces; every output (terminal
     observations and Monitor's episode infos included) still equals DummyVecEnv's (as in
-    test_make_vec_env_cartpole_matches_dummy, for every start method), and anything the short way
-    does not take (an action out of range) goes the long way and raises as before."""
+    test_make_vec_env_cartpole_matches_dummy, for every start method).  Anything the short way
+    does not take (an action out of range) goes the long way and raises as before, and so does a
+    step_async replaced on the object itself."""
     kwargs = {"n_workers": 2, "start_method": "fork"}
     ref = make_vec_env("CartPole-v1", n_envs=6, vec_env_cls=DummyVecEnv, seed=5)
     env = None
     try:
         env = make_vec_env("CartPole-v1", n_envs=6, vec_env_cls=ShmVecEnv, vec_env_kwargs=kwargs, seed=5)
         assert env._step_actions is not None
-        long_way = []
-        step_async = env.step_async
-        env.step_async = lambda actions: (long_way.append(1), step_async(actions))[1]
+        long_way: list[str] = []
+        original = ShmVecEnv.step_async
+
+        def counting(self, actions):
+            long_way.append("class")
+            return original(self, actions)
+
+        monkeypatch.setattr(ShmVecEnv, "step_async", counting)  # after construction: counts, changes nothing
         assert_same(env.reset(), ref.reset(), "reset", strict_dtype=True)
         actions = np.random.default_rng(5).integers(0, 2, size=(150, 6))
         episodes = 0
@@ -243,10 +249,14 @@ def test_step_takes_the_short_way_and_still_matches_dummy():
             assert_same(out[3], expected[3], f"step {i} infos", ignore=frozenset({"t"}))
             assert_same(env.reset_infos, ref.reset_infos, f"step {i} reset_infos")
             episodes += sum("episode" in info for info in out[3])
-        assert episodes > 0 and not long_way
+        assert episodes > 0 and long_way == []
         with pytest.raises(ValueError, match="env"):
             env.step(np.full(6, 7))
-        assert long_way == [1]
+        assert long_way == ["class"]
+        env.step_async = lambda a: (long_way.append("object"), original(env, a))[1]
+        env.step(actions[0])
+        assert long_way == ["class", "object"]
+        del env.step_async
     finally:
         close_all(env, ref)
 
