@@ -538,8 +538,7 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
 from cpython.dict cimport PyDict_Next, PyDict_Size
-from cpython.list cimport PyList_New, PyList_SET_ITEM
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.list cimport PyList_AsTuple, PyList_New, PyList_SET_ITEM
 from libc.stdint cimport uint8_t
 from libc.string cimport memcmp
 
@@ -754,7 +753,6 @@ cdef object _dec(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, int 
     cdef Py_ssize_t nbytes
     cdef dict d
     cdef list lst
-    cdef tuple tup
     if depth > _C_MAX_DEPTH or pos[0] >= end:
         raise ValueError("malformed info message")
     tag = buf[pos[0]]
@@ -789,7 +787,7 @@ cdef object _dec(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, int 
             key = _dec(buf, pos, end, depth + 1)
             d[key] = _dec(buf, pos, end, depth + 1)
         return d
-    if tag == _C_LIST:
+    if tag == _C_LIST or tag == _C_TUPLE:
         n = _get_u32(buf, pos, end)
         if n > end - pos[0]:  # every value takes at least one byte
             raise ValueError("malformed info message")
@@ -798,17 +796,7 @@ cdef object _dec(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, int 
             value = _dec(buf, pos, end, depth + 1)
             Py_INCREF(value)
             PyList_SET_ITEM(lst, k, value)
-        return lst
-    if tag == _C_TUPLE:
-        n = _get_u32(buf, pos, end)
-        if n > end - pos[0]:
-            raise ValueError("malformed info message")
-        tup = PyTuple_New(n)
-        for k in range(n):
-            value = _dec(buf, pos, end, depth + 1)
-            Py_INCREF(value)
-            PyTuple_SET_ITEM(tup, k, value)
-        return tup
+        return lst if tag == _C_LIST else PyList_AsTuple(lst)
     if tag == _C_NPSCALAR:
         if pos[0] + 1 > end:
             raise ValueError("truncated info message")
