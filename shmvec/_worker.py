@@ -256,10 +256,10 @@ class _Worker:
     def _put_result(self, items: list) -> int:
         """Writes the command's non-empty infos into the mailbox; returns RESULT_LEN.
 
-        The info codec first (``shmvec._core.encode_infos``: no pickler, 2 to 6 us less per
-        message and step); a value it does not carry, or a message too large for the mailbox,
-        is pickled (the pickle is smaller: its memo shares repeated keys), and a pickle too
-        large for the mailbox goes through the pipe.
+        The info codec first (``shmvec._core.encode_infos``: no pickler; timed in a worker,
+        about 2 us per message against 3 to 6 us for ``pickle.dumps``); a value it does not
+        carry, or a message too large for the mailbox, is pickled (the pickle is smaller: its
+        memo shares repeated keys), and a pickle too large for the mailbox goes through the pipe.
         """
         if not items:
             return 0

@@ -415,7 +415,8 @@ class ShmVecEnv(Recovery, VecEnv):
         self._obs_leaf = views.obs[()] if single_obs else None
         self._term_leaf = views.term_obs[()] if single_obs else None
         act_fast = self._act_fast.get(()) if len(self._act_leaves) == 1 else None
-        overridden = type(self).step_async is not ShmVecEnv.step_async or type(self).step_wait is not ShmVecEnv.step_wait
+        cls = type(self)
+        overridden = cls.step_async is not ShmVecEnv.step_async or cls.step_wait is not ShmVecEnv.step_wait
         self._step_actions = (views.act[()], *act_fast) if act_fast is not None and not overridden else None
         super().__init__(layout.n_envs, obs_space, act_space)
         self.metadata = metadata

@@ -25,7 +25,8 @@ from shmvec._bench.envs import EnvFactory, check_env_name, obs_nbytes
 from shmvec._bench.measures import ACTION_BATCHES, Ceiling, Stepper, median_ratio, side_by_side, tree_memory
 from shmvec._bench.remote import RemoteBackend, RemoteError
 
-BENCH_ENVS = ["CartPole-v1", "CartPole-monitor", "busy-50us", "image-84x84x4", "image-210x160x3", "CartPole-info", "dict-obs", "zero-cost"]
+BENCH_ENVS = ["CartPole-v1", "CartPole-monitor", "busy-50us", "image-84x84x4", "image-210x160x3", "CartPole-info",
+              "dict-obs", "zero-cost"]
 TINY = ["--seconds", "0.2", "--rounds", "2", "--quiet"]
 
 
@@ -91,7 +92,8 @@ def test_cartpole_monitor_is_what_make_vec_env_builds():
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    ours, theirs = EnvFactory("CartPole-monitor")(), make_vec_env("CartPole-v1", n_envs=1, vec_env_cls=DummyVecEnv).envs[0]
+    ours = EnvFactory("CartPole-monitor")()
+    theirs = make_vec_env("CartPole-v1", n_envs=1, vec_env_cls=DummyVecEnv).envs[0]
     try:
         chain = []
         for env in (ours, theirs):

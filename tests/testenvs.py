@@ -384,8 +384,9 @@ class MixedInfoEnv(SpacesEnv):
     def step(self, action):
         obs, reward, terminated, truncated, info = super().step(action)
         t = self._t
-        info = dict(info, f64=np.float64(t / 3), i32=np.int32(-t), flag=np.bool_(t % 2), arr=np.arange(3, dtype=np.float32) * t,
-                    nested={"a": [t, (True, None, 1.5)], 7: "x"}, text=f"step {t} \u00e9")
+        info = dict(info, f64=np.float64(t / 3), i32=np.int32(-t), flag=np.bool_(t % 2),
+                    arr=np.arange(3, dtype=np.float32) * t, nested={"a": [t, (True, None, 1.5)], 7: "x"},
+                    text=f"step {t} \u00e9")
         if t % 4 == 0:
             info["odd"] = collections.OrderedDict(step=t)
         return obs, reward, terminated, truncated, info
