@@ -8,8 +8,11 @@ shared-memory segment, laid out by :class:`PoolLayout`::
                     index of each env it finished stepping; the parent pops
     in queue w      IndexQueue per worker: the parent pushes the local index of
                     each env of worker w it sent an action to; worker w pops
-    info lengths    uint32 (n_envs,): bytes of env i's pickled info, 0 if none
-    info slots      n_envs x info_bytes: env i's pickled info
+    info lengths    uint32 (n_envs,): bytes of env i's info message, 0 if none
+    info slots      n_envs x info_bytes: env i's info message: the info codec of
+                    shmvec._core (encode_infos), or a pickle when the codec does not
+                    carry one of its values or the pickle is what fits; the parent
+                    tells them apart by the first byte (load_result)
 
 Who writes what, in which order
 -------------------------------
@@ -47,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from shmvec import _protocol as P
-from shmvec._core import IndexQueue, QUEUE_MAX_VALUE, queue_bytes, queue_capacity_for
+from shmvec._core import IndexQueue, QUEUE_MAX_VALUE, encode_infos, queue_bytes, queue_capacity_for
 from shmvec._layout import ALIGN, Layout, make_gather
 
 STOP = QUEUE_MAX_VALUE
@@ -89,7 +92,7 @@ class PoolLayout:
 
 
 class InfoTooLargeError(ValueError):
-    """An env's pickled info does not fit the pool's per-env slot (``info_bytes``)."""
+    """An env's info does not fit the pool's per-env slot (``info_bytes``), encoded or pickled."""
 
 
 class PoolServer:
@@ -152,14 +155,19 @@ class PoolServer:
         if not info:
             self.info_len[i] = 0
             return
-        data = pickle.dumps(info, protocol=5)
+        slot = self.info_slots[i]
+        n = encode_infos(info, slot)  # -1: a value the codec does not carry; -2: no room
+        if n > 0:
+            self.info_len[i] = n
+            return
+        data = pickle.dumps(info, protocol=5)  # smaller than the codec's message: its memo shares keys
         n = len(data)
         if n > self.layout.info_bytes:
             raise InfoTooLargeError(
                 f"the info of env {i} takes {n} bytes, more than the pool's info_bytes={self.layout.info_bytes}: "
                 "pass a larger info_bytes to the pool"
             )
-        self.info_slots[i, :n] = np.frombuffer(data, dtype=np.uint8)
+        slot[:n] = np.frombuffer(data, dtype=np.uint8)
         self.info_len[i] = n
 
     def _step_next(self, j: int, i: int) -> None:

@@ -18,7 +18,6 @@ written down in :mod:`shmvec._pool`.
 from __future__ import annotations
 
 import os
-import pickle
 import secrets
 import time
 import weakref
@@ -33,7 +32,7 @@ from gymnasium.vector.utils import batch_space
 
 from shmvec import _pool
 from shmvec import _protocol as P
-from shmvec._core import IndexQueue
+from shmvec._core import IndexQueue, load_result
 from shmvec._errors import ShmVecEnvError, WorkerTimeoutError
 from shmvec._layout import close_mapping, make_gather
 from shmvec.shm_vector_env import _Engine, gym_vector_seeds, per_env_values, usable_engine
@@ -111,7 +110,7 @@ class ShmEnvPool:
     :param batch_size: envs per ``recv`` (default ``num_envs``: synchronous).  At least
         ``batch_size`` envs must be in flight when ``recv`` is called.
     :param autoreset_mode: ``AutoresetMode.NEXT_STEP`` or ``SAME_STEP``.
-    :param info_bytes: room per env for its pickled info (a larger info raises in the worker).
+    :param info_bytes: room per env for its info message (a larger info raises in the worker).
     :param n_workers, start_method, worker_threads, timeout, spin_us: as for :class:`shmvec.ShmVecEnv`;
         so are further keyword arguments (``envs_per_worker``, ``cpu_affinity``, ``preload``, ...).
 
@@ -416,7 +415,7 @@ class ShmEnvPool:
         lengths, slots, pending = self._info_len, self._info_slots, self._pending_infos
         for k, i in enumerate(idx.tolist()):
             n = int(lengths[i])
-            payload = pickle.loads(slots[i, :n].tobytes()) if n else None
+            payload = load_result(slots[i, :n]) if n else None
             reset_info = pending.pop(i, None) if pending else None  # from async_reset
             if same_step:
                 info, step_reset_info = payload if payload is not None else ({}, None)

@@ -198,7 +198,7 @@ def _pool_row_info(vinfos: dict, k: int) -> dict:
     """Row k of Gymnasium-style batched infos as a plain dict (without the pool's own keys)."""
     out: dict[str, Any] = {}
     for key, value in vinfos.items():
-        if key.startswith("_") or key in ("env_id", "final_obs", "final_info"):
+        if (isinstance(key, str) and key.startswith("_")) or key in ("env_id", "final_obs", "final_info"):
             continue
         mask = vinfos.get(f"_{key}")
         if mask is None or not mask[k]:

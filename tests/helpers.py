@@ -44,6 +44,17 @@ def assert_same(a: Any, b: Any, path: str = "value", ignore: frozenset[str] = fr
     assert a == b, f"{path}: {a!r} != {b!r}"
 
 
+def type_tree(x: Any) -> Any:
+    """The nested structure of ``x``'s types (assert_same compares values, not types)."""
+    if isinstance(x, dict):
+        return (type(x).__name__, [(type_tree(k), type_tree(v)) for k, v in x.items()])
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, [type_tree(v) for v in x])
+    if isinstance(x, np.ndarray):
+        return ("ndarray", x.dtype.str, x.shape)
+    return type(x).__name__
+
+
 def close_all(*envs: Any) -> None:
     """Closes every env even if one close() raises; re-raises the first error."""
     first: BaseException | None = None

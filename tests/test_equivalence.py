@@ -17,7 +17,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 import testenvs
-from helpers import assert_same, close_all
+from helpers import assert_same, close_all, type_tree
 from shmvec import ShmVecEnv
 from shmvec import _protocol as P
 
@@ -278,17 +278,6 @@ def test_step_goes_the_long_way_where_a_subclass_overrides_step_wait():
         close_all(env)
 
 
-def _types(x):
-    """The nested structure of ``x``'s types (assert_same compares values, not types)."""
-    if isinstance(x, dict):
-        return (type(x).__name__, [(_types(k), _types(v)) for k, v in x.items()])
-    if isinstance(x, (list, tuple)):
-        return (type(x).__name__, [_types(v) for v in x])
-    if isinstance(x, np.ndarray):
-        return ("ndarray", x.dtype.str, x.shape)
-    return type(x).__name__
-
-
 def test_infos_of_every_type_arrive_as_the_same_types():
     """Infos travel in the info codec where it carries every value and pickled where it does not
     (an OrderedDict every fourth step): either way each value arrives with its own type."""
@@ -306,7 +295,7 @@ def test_infos_of_every_type_arrive_as_the_same_types():
             _, _, _, infos_r = ref.step(a)
             _, _, _, infos_s = env.step(a)
             assert_same(infos_s, infos_r, "infos")
-            assert [_types(i) for i in infos_s] == [_types(i) for i in infos_r]
+            assert [type_tree(i) for i in infos_s] == [type_tree(i) for i in infos_r]
             kinds.update("odd" in i for i in infos_s)
         assert kinds == {True, False}  # both paths ran
     finally:

@@ -17,6 +17,7 @@ import poolenvs
 import testenvs
 from helpers import assert_pool_matches_dummy, assert_same, close_all
 from shmvec import BrokenVecEnvError, ShmVecEnvError, WorkerDiedError
+from shmvec._core import INFO_CODEC_MAGIC
 from shmvec._errors import ClosedVecEnvError
 from shmvec.env_pool import ShmEnvPool
 
@@ -228,6 +229,46 @@ def test_sb3_pool_with_full_batch_equals_dummy_vec_env():
         assert env.env_is_wrapped(testenvs.TimeLimit) == [True] * 5
     finally:
         close_all(env, ref)
+
+
+def test_sb3_pool_carries_infos_of_every_type():
+    """The pool's info slots carry the info codec, or a pickle where the codec declines a value
+    (an OrderedDict every fourth step); nested containers, numpy values, text and a non-string
+    key arrive as DummyVecEnv's (values: the pool batches infos as Gymnasium does, into arrays)."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from shmvec.vec_env_pool import ShmVecEnvPool
+
+    fns = [functools.partial(testenvs.make_mixed_info_env, i) for i in range(4)]
+    ref = DummyVecEnv(fns)
+    env = ShmVecEnvPool(fns, n_workers=2, start_method="fork")
+    try:
+        first_bytes = set()
+
+        def both_paths(infos):
+            pool = env._pool
+            first_bytes.update(pool._info_slots[pool._info_len > 0, 0].tolist())
+
+        assert assert_pool_matches_dummy(env, ref, 24, 3, both_paths) > 0
+        assert first_bytes == {INFO_CODEC_MAGIC, 0x80}  # the codec and a pickle (protocol 5) both ran
+    finally:
+        close_all(env, ref)
+
+
+def test_pool_info_too_large_for_the_codec_goes_pickled():
+    """A message the codec cannot fit in the slot is pickled when the pickle fits (shared strings)."""
+    fns = [functools.partial(testenvs.make_repeated_text_info_env, i) for i in range(2)]
+    pool = ShmEnvPool(fns, batch_size=2, n_workers=1, start_method="fork", info_bytes=512)
+    try:
+        pool.reset(seed=0)
+        for t in range(1, 6):
+            infos = pool.step(np.zeros(2, dtype=np.int64), [0, 1])[4]
+            for k in range(2):
+                info = row_info(infos, k)
+                assert info["names"] == [testenvs.RepeatedTextInfoEnv.NAME] * 40 and info["t"] == t
+            assert pool._info_slots[:, 0].tolist() == [0x80, 0x80]  # pickled
+    finally:
+        pool.close()
 
 
 def _transition_errors(obs, next_obs, action, reward) -> int:

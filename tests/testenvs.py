@@ -396,6 +396,21 @@ def make_mixed_info_env(index: int = 0) -> gym.Env:
     return TimeLimit(MixedInfoEnv("box", "discrete", tag=index), max_episode_steps=9 + index)
 
 
+class RepeatedTextInfoEnv(SpacesEnv):
+    """An info that the info codec writes out in full but a pickle stores once (40 references
+    to one string, which pickle's memo shares): larger than a small slot encoded, not pickled."""
+
+    NAME = "reward term " * 5
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated, truncated, dict(info, names=[self.NAME] * 40, t=self._t)
+
+
+def make_repeated_text_info_env(index: int = 0) -> gym.Env:
+    return TimeLimit(RepeatedTextInfoEnv("box", "discrete", tag=index), max_episode_steps=7 + index)
+
+
 class TextEnv(gym.Env):
     """An observation space shmvec cannot hold: ``Text``."""
 
