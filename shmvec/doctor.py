@@ -2,7 +2,8 @@
 
 Checks, each with a status (``ok``, ``info``, ``warn``, ``fail``) and advice:
 
-- ``cores``: the cores this process may use against the workers asked for, and the load;
+- ``cores``: the cores this process may use against the workers asked for, the load, and how
+  many of them other processes keep busy right now (sampled from ``/proc/stat``);
 - ``shm``: ``/dev/shm`` exists, its size and free space against what the env needs (Docker gives
   64 MiB by default), and segments left by crashed processes;
 - ``start-method``: which start methods exist and what ShmVecEnv will use;
@@ -24,6 +25,7 @@ import multiprocessing as mp
 import os
 import re
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -33,6 +35,9 @@ SHM_DIR = "/dev/shm"
 SMALL_SHM_BYTES = 512 * 2**20
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS")
+#: Cores that other processes keep busy, from which the doctor warns: one busy process on 2
+#: cores took ShmVecEnv from about 2x to 0.3x-0.8x DummyVecEnv (see check_cores).
+BUSY_CORES_WARN = 0.5
 #: Predicted ShmVecEnv / DummyVecEnv speed below which the doctor advises DummyVecEnv.
 WORTH_IT = 1.2
 _SEGMENT = re.compile(r"^shmvec_(\d+)_")
@@ -58,25 +63,71 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB" if n < 2**30 else f"{n / 2**30:,.1f} GiB"
 
 
+def busy_cores(seconds: float = 0.3) -> float | None:
+    """Cores (of those this process may use) that are busy over the next ``seconds``, from
+    ``/proc/stat``'s per-CPU counters; None where there is no ``/proc/stat``.  This process
+    sleeps meanwhile, so the count is other processes' (a load average lags by minutes)."""
+    def sample() -> dict[int, tuple[int, int]]:
+        out = {}
+        with open("/proc/stat") as f:
+            for line in f:
+                m = re.match(r"cpu(\d+) (.*)", line)
+                if m:
+                    v = [int(x) for x in m.group(2).split()]
+                    # user nice system idle iowait irq softirq steal (guest is inside user)
+                    out[int(m.group(1))] = (sum(v[:8]), v[3] + v[4])
+        return out
+
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:  # pragma: no cover - not Linux
+        return None
+    try:
+        before = sample()
+        time.sleep(seconds)
+        after = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    busy, seen = 0.0, 0
+    for cpu in cpus:
+        if cpu in before and cpu in after:
+            total = after[cpu][0] - before[cpu][0]
+            idle = after[cpu][1] - before[cpu][1]
+            if total > 0:
+                busy += 1.0 - idle / total
+                seen += 1
+    return busy if seen else None
+
+
 def check_cores(workers: int | None, n_envs: int | None = None, cores: int | None = None,
-                load: float | None = None) -> Check:
-    """Workers against cores: more workers than cores timeshare the cores and every step waits for the slowest."""
+                load: float | None = None, busy: float | None = None) -> Check:
+    """Workers against cores: more workers than cores timeshare the cores and every step waits
+    for the slowest.  ``busy``: cores other processes keep busy now (:func:`busy_cores`), or None."""
     cores = cores or _cores()
     if load is None:
         try:
             load = os.getloadavg()[0]
         except OSError:  # pragma: no cover
             load = 0.0
-    data = {"cores": cores, "workers": workers, "n_envs": n_envs, "load_1min": load}
+    data = {"cores": cores, "workers": workers, "n_envs": n_envs, "load_1min": load, "busy_cores": busy}
     detail = f"{cores} cores usable by this process (of {os.cpu_count()}); load average {load:.1f}"
+    if busy is not None:
+        detail += f"; {busy:.1f} busy now"
     if workers is not None and workers > cores:
         return Check("cores", "warn", f"{detail}; {workers} workers asked for",
                      f"Use n_workers <= {cores} (ShmVecEnv's default is one per core): more workers than cores "
                      "take turns on the cores, and every step waits for the last of them.", data)
-    if load > cores:
+    if busy is None and load > cores:  # the load average lags by minutes: the sample wins where there is one
         return Check("cores", "warn", f"{detail}: other processes keep every core busy",
                      "Workers get only part of a core, so multi-process vec envs lose their edge and timings "
                      "move from run to run. Benchmark on a quiet machine, compare backends side by side.", data)
+    if busy is not None and busy >= BUSY_CORES_WARN:
+        return Check("cores", "warn", f"{detail}: other processes are running",
+                     "Every step waits for the slowest worker, and a worker that shares its core with a busy "
+                     "process waits for the scheduler to hand the core back, again and again (measured on 2 "
+                     "cores: one busy process took ShmVecEnv from about 2x to 0.3x-0.8x DummyVecEnv at 8 and "
+                     "64 CartPoles, SubprocVecEnv did worse, DummyVecEnv kept its own core). Stop them before "
+                     "training or benchmarking, or use DummyVecEnv while they run.", data)
     if cores == 1:
         return Check("cores", "warn", detail,
                      "With one core, workers cannot run in parallel: DummyVecEnv is as fast unless the env "
@@ -366,7 +417,7 @@ def diagnose(env: str | None = None, n_envs: int | None = None, workers: int | N
     """Runs every check; ``env`` adds the shared-memory estimate and the env timing."""
     cores = _cores()
     n_workers = workers or (min(n_envs, cores) if n_envs else cores)
-    checks = [check_cores(workers, n_envs, cores)]
+    checks = [check_cores(workers, n_envs, cores, busy=busy_cores())]
     needed = None
     if env:
         try:

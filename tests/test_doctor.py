@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -24,6 +27,26 @@ def test_cores_fit():
 def test_cores_busy_machine_warns():
     c = doctor.check_cores(workers=2, cores=2, load=7.0)
     assert c.status == "warn" and "quiet machine" in c.advice
+
+
+def test_cores_other_busy_processes_warn():
+    c = doctor.check_cores(workers=2, cores=2, load=0.2, busy=1.0)
+    assert c.status == "warn" and "1.0 busy now" in c.detail and "DummyVecEnv" in c.advice
+    assert doctor.check_cores(workers=2, cores=2, load=0.2, busy=0.1).status == "ok"
+    # a load average left by a run that has ended does not outweigh the sample
+    assert doctor.check_cores(workers=2, cores=2, load=7.0, busy=0.1).status == "ok"
+
+
+def test_busy_cores_sees_a_busy_process():
+    """A child spinning on one of this process's cores shows up as (most of) a busy core."""
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 5: pass"])
+    try:
+        time.sleep(0.2)
+        busy = doctor.busy_cores(0.5)
+    finally:
+        child.kill()
+        child.wait()
+    assert busy is not None and 0.5 <= busy <= doctor._cores() + 0.01
 
 
 def test_cores_single_core_warns():
