@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import pickle
 import sys
 import time
 import warnings
@@ -58,7 +57,6 @@ from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
 from shmvec import _protocol as P
-from shmvec._core import load_result
 from shmvec._errors import (
     SpaceError,
     TooManyRestartsError,
@@ -172,11 +170,7 @@ class Recovery:
                 where = f"env {packed['env_index']}" if packed["env_index"] is not None else f"worker {w}"
                 failed[w] = f"{where} raised {packed['type_name']}: {packed['message']}"
                 continue
-            n = words.load(P.word(w, P.RESULT_LEN))
-            if n == P.RESULT_IN_PIPE:
-                results[w] = pickle.loads(self._recv_raw(w, command, raw_bytes=True))
-            elif n:
-                results[w] = load_result(self._views.mailbox[w, :n])
+            results[w] = self._read_result(w, words.load(P.word(w, P.RESULT_LEN)), command)
 
         reset_infos = self._restart_workers(failed, command) if failed else {}
         if command == "step":
@@ -368,12 +362,7 @@ class Recovery:
                 _, packed = self._recv_raw(w, what)
                 error = error or unpack_exception(packed, _BROKEN_HINT)
                 continue
-            n = words.load(P.word(w, P.RESULT_LEN))
-            if n == P.RESULT_IN_PIPE:
-                items = pickle.loads(self._recv_raw(w, what, raw_bytes=True))
-            else:
-                items = load_result(views.mailbox[w, :n]) if n else []
-            infos.update(items)
+            infos.update(self._read_result(w, words.load(P.word(w, P.RESULT_LEN)), what))
         if error is not None:
             raise error
         return infos

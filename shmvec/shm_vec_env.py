@@ -814,16 +814,18 @@ class ShmVecEnv(Recovery, VecEnv):
                 results.append([])
                 continue
             n = words.load(result_word)
-            if n == 0:
-                results.append([])
-            elif n == P.RESULT_IN_PIPE:
-                results.append(pickle.loads(self._recv_raw(w, command, raw_bytes=True)))
-            else:
-                results.append(load_result(self._views.mailbox[w, :n]))
+            results.append(self._read_result(w, n, command) if n else [])
         if error is not None:
             self._broken = error
             raise error
         return results
+
+    def _read_result(self, w: int, n: int, command: str) -> list:
+        """Worker ``w``'s result message, ``n`` its RESULT_LEN: the mailbox's first ``n`` bytes (the
+        info codec or a pickle, told apart by ``load_result``), or a pickle in the pipe."""
+        if n == P.RESULT_IN_PIPE:
+            return pickle.loads(self._recv_raw(w, command, raw_bytes=True))
+        return load_result(self._views.mailbox[w, :n]) if n else []
 
     def _check_workers_alive(self, command: str) -> None:
         res = self._res
