@@ -454,6 +454,7 @@ def step_infos(cnp.ndarray terminated not None, cnp.ndarray truncated not None, 
 
 
 from cpython.float cimport PyFloat_Check, PyFloat_AS_DOUBLE
+from cpython.long cimport PyLong_CheckExact, PyLong_AsLongLongAndOverflow
 from libc.float cimport FLT_MAX
 from libc.math cimport INFINITY
 
@@ -469,11 +470,14 @@ cdef inline int _as_flag(object x):
 
 def publish_step(cnp.ndarray rew not None, cnp.ndarray terminated not None, cnp.ndarray truncated not None,
                  Py_ssize_t start, list rews not None, list terms not None, list truncs not None):
-    """A worker's ``rew[start:start + n] = rews`` (float32) and the same for both flags (bool).
+    """A worker's ``rew[start:start + n] = rews`` and the same for both flags (bool).
 
-    Takes rewards that are Python floats (or a subclass, as numpy's float64) and flags that
-    are Python bools; returns False as soon as one is anything else, and the caller then does
-    the three numpy assignments, which convert (or raise) as before and overwrite all ``n``.
+    ``rew`` is float64 (the layout's reward buffer: Gymnasium's dtype; SB3's float32 is made
+    from it in the parent, which rounds as numpy's own float32 assignment would) or float32.
+    Takes rewards that are Python floats (or a subclass, as numpy's float64) or ints (exactly
+    ``int``, within int64), and flags that are Python bools; returns False as soon as one is
+    anything else, and the caller then does the three numpy assignments, which convert (or
+    raise) as before and overwrite all ``n``.
     """
     cdef Py_ssize_t j, n = len(rews)
     if len(terms) != n or len(truncs) != n or start < 0:
@@ -481,25 +485,39 @@ def publish_step(cnp.ndarray rew not None, cnp.ndarray terminated not None, cnp.
     for a in (rew, terminated, truncated):
         if cnp.PyArray_NDIM(a) != 1 or not cnp.PyArray_IS_C_CONTIGUOUS(a) or start + n > cnp.PyArray_DIM(a, 0):
             return False
-    if (cnp.PyArray_TYPE(rew) != cnp.NPY_FLOAT32 or cnp.PyArray_TYPE(terminated) != cnp.NPY_BOOL
-            or cnp.PyArray_TYPE(truncated) != cnp.NPY_BOOL):
+    cdef int rew_type = cnp.PyArray_TYPE(rew)
+    if ((rew_type != cnp.NPY_FLOAT64 and rew_type != cnp.NPY_FLOAT32)
+            or cnp.PyArray_TYPE(terminated) != cnp.NPY_BOOL or cnp.PyArray_TYPE(truncated) != cnp.NPY_BOOL):
         return False
-    cdef float *r = <float *>cnp.PyArray_DATA(rew) + start
+    cdef bint wide = rew_type == cnp.NPY_FLOAT64
+    cdef double *r64 = <double *>cnp.PyArray_DATA(rew) + start
+    cdef float *r32 = <float *>cnp.PyArray_DATA(rew) + start
     cdef unsigned char *te = <unsigned char *>cnp.PyArray_DATA(terminated) + start
     cdef unsigned char *tr = <unsigned char *>cnp.PyArray_DATA(truncated) + start
     cdef object x
     cdef double d
-    cdef int flag
+    cdef long long k
+    cdef int flag, overflow
     for j in range(n):
         x = rews[j]
-        if not PyFloat_Check(x):
+        if PyFloat_Check(x):
+            d = PyFloat_AS_DOUBLE(x)
+        elif PyLong_CheckExact(x):
+            overflow = 0
+            k = PyLong_AsLongLongAndOverflow(x, &overflow)
+            if overflow != 0:
+                return False
+            d = <double>k
+        else:
             return False
-        d = PyFloat_AS_DOUBLE(x)
-        if d > FLT_MAX:  # out of float's range: inf, as numpy gives (the C cast alone is undefined)
-            d = INFINITY
-        elif d < -FLT_MAX:
-            d = -INFINITY
-        r[j] = <float>d
+        if wide:
+            r64[j] = d
+        else:
+            if d > FLT_MAX:  # out of float's range: inf, as numpy gives (the C cast alone is undefined)
+                d = INFINITY
+            elif d < -FLT_MAX:
+                d = -INFINITY
+            r32[j] = <float>d
         flag = _as_flag(terms[j])
         if flag < 0:
             return False

@@ -16,7 +16,7 @@ from shmvec import InvalidActionError, ObservationError, _core
 from shmvec._actions import make_action_checks, make_fast_copies
 from shmvec._core import (ACTIONS_COPY, ACTIONS_NO_NAN, ACTIONS_RANGE, RowWriter, copy_actions, decode_infos,
                           encode_infos, load_result, publish_step, step_infos)
-from shmvec._layout import make_scatter
+from shmvec._layout import Layout, make_scatter
 
 
 class _Recorder:
@@ -220,19 +220,22 @@ def test_step_infos_rejects_other_arrays():
 
 # ---- publish_step ----------------------------------------------------------------------------------
 
-def _flag_buffers(n: int = 10):
-    return np.full(n, -1.0, np.float32), np.zeros(n, bool), np.ones(n, bool)
+def _flag_buffers(n: int = 10, dtype=np.float32):
+    return np.full(n, -1.0, dtype), np.zeros(n, bool), np.ones(n, bool)
 
 
-def test_publish_step_writes_floats_and_bools_as_numpy_would():
-    rew, te, tr = _flag_buffers()
-    rews = [1.0, 0.1, np.float64(-2.5), 1e300, -1e300]  # np.float64 is a float; +-1e300: +-inf
-    terms, truncs = [True, False, False, True, False], [False, False, True, True, False]
-    assert publish_step(rew, te, tr, 3, rews, terms, truncs)
-    exp_rew, exp_te, exp_tr = _flag_buffers()
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_publish_step_writes_floats_and_bools_as_numpy_would(dtype):
+    rew, te, tr = _flag_buffers(dtype=dtype)
+    # np.float64 is a float; +-1e300: +-inf in float32; ints within int64 (2**53 + 1 rounds)
+    rews = [1.0, 0.1, np.float64(-2.5), 1e300, -1e300, 3, -(2**53 + 1)]
+    terms = [True, False, False, True, False, False, True]
+    truncs = [False, False, True, True, False, True, False]
+    assert publish_step(rew, te, tr, 2, rews, terms, truncs)
+    exp_rew, exp_te, exp_tr = _flag_buffers(dtype=dtype)
     with np.errstate(over="ignore"):
-        exp_rew[3:8] = rews
-    exp_te[3:8], exp_tr[3:8] = terms, truncs
+        exp_rew[2:9] = rews
+    exp_te[2:9], exp_tr[2:9] = terms, truncs
     np.testing.assert_array_equal(rew, exp_rew)
     np.testing.assert_array_equal(te, exp_te)
     np.testing.assert_array_equal(tr, exp_tr)
@@ -240,7 +243,8 @@ def test_publish_step_writes_floats_and_bools_as_numpy_would():
 
 @pytest.mark.parametrize("rews,terms,truncs", [
     ([np.float32(1.0)], [False], [False]),  # not a Python float: numpy converts it
-    ([1], [False], [False]),                # an int
+    ([True], [False], [False]),             # a bool is an int, but not exactly
+    ([2**63], [False], [False]),            # an int past int64
     ([1.0], [np.bool_(True)], [False]),     # numpy's bool
     ([1.0], [False], [0]),
     ([1.0, 2.0], [False], [False]),         # lengths differ
@@ -250,11 +254,24 @@ def test_publish_step_declines_other_types(rews, terms, truncs):
     assert not publish_step(rew, te, tr, 0, rews, terms, truncs)
 
 
+def test_publish_step_takes_the_layouts_reward_buffer():
+    """The workers' own buffers: the fast path must not be dead for want of a dtype (it was,
+    from the day the reward buffer became float64 until it took float64)."""
+    layout = Layout(spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(2), 6, 2, 64, 0)
+    buf = bytearray(layout.nbytes)
+    views = layout.views(memoryview(buf))
+    assert publish_step(views.rew, views.terminated, views.truncated, 3, [0.5, 1, 2.0], [False, True, False],
+                        [False, False, True])
+    assert views.rew[3:].tolist() == [0.5, 1.0, 2.0]
+    assert views.terminated[3:].tolist() == [False, True, False]
+    del views
+
+
 def test_publish_step_declines_out_of_range_and_other_buffers():
     rew, te, tr = _flag_buffers(4)
     assert not publish_step(rew, te, tr, 3, [1.0, 1.0], [False] * 2, [False] * 2)
     assert not publish_step(rew, te, tr, -1, [1.0], [False], [False])
-    assert not publish_step(rew.astype(np.float64), te, tr, 0, [1.0], [False], [False])
+    assert not publish_step(rew.astype(np.float16), te, tr, 0, [1.0], [False], [False])
     assert not publish_step(rew, te.view(np.uint8), tr, 0, [1.0], [False], [False])
     assert (rew == -1).all()
 
