@@ -121,10 +121,14 @@ def pack_exception(exc: BaseException, *, env_index: int | None, worker: int, co
         pickle.loads(payload)  # constructors with unusual signatures fail here, not in the parent
     except Exception:
         payload = None
+    try:
+        message = str(exc)
+    except Exception as inner:  # a __str__ that raises must not take the worker down with it
+        message = f"<str() of the exception raised {type(inner).__name__}: {inner!r}>"
     return {
         "payload": payload,
         "type_name": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "message": str(exc),
+        "message": message,
         "traceback": tb,
         "env_index": env_index,
         "worker": worker,
@@ -140,7 +144,9 @@ def unpack_exception(packed: dict[str, Any], hint: str) -> BaseException:
             exc = pickle.loads(packed["payload"])
         except Exception:
             exc = None
-    if exc is None:
+    if exc is None or not isinstance(exc, Exception):
+        # Also a worker's SystemExit or KeyboardInterrupt: raised as such here, it would end (or
+        # look like a Ctrl-C of) the caller's program; it is an error of the env's.
         exc = RemoteEnvError(packed["type_name"], packed["message"])
     where = f"env {packed['env_index']}" if packed["env_index"] is not None else "a worker"
     exc.add_note(

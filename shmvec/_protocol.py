@@ -37,9 +37,9 @@ Between commands every worker is idle and the parent owns every buffer.
   worker  4. waits while CMD_SEQ[w] == last seen (acquire): steps 1-3 are visible
           5. steps its envs, writes observations, rewards, flags, terminal
              observations of its own slice; encodes (or pickles) the non-empty
-             infos into mailbox w, RESULT_LEN[w] <- length; STATUS[w] <- OK or ERROR;
-             on ERROR (or infos too large for the mailbox) the details go
-             through worker w's pipe *before* step 6
+             infos into mailbox w, RESULT_LEN[w] <- length (RESULT_IN_PIPE when
+             they do not fit); STATUS[w] <- OK or ERROR.  The exception (ERROR)
+             or the infos too large for the mailbox are only kept for now
           6. DONE_SEQ[w] <- seq (release); old <- fetch_add(PENDING, -1)
              (seq_cst: releases step 5); if old == 1:
              wake_sleepers(PENDING, PARENT_SLEEPERS); else, if PARENT_CPU is
@@ -47,9 +47,14 @@ Between commands every worker is idle and the parent owns every buffer.
              next command posted in the meantime): EARLY_WAKE <- 1,
              wake_sleepers(PENDING, PARENT_SLEEPERS), and its next wait sleeps
              at once (no spin)  (see "Early wake" below)
+          6b. sends what step 5 kept (the exception, or the infos) through its
+             pipe, *after* step 6: a message larger than the socket's buffer
+             blocks the sender until the parent reads it, and the parent reads
+             pipes only after step 7 (sent before step 6, it deadlocked both)
   parent  7. waits while PENDING != 0 (acquire: every worker's step 5 is visible)
-          8. reads the buffers; for each worker whose STATUS is ERROR it
-             receives the exception from that worker's pipe.
+          8. reads the buffers; for each worker whose STATUS is ERROR, or whose
+             RESULT_LEN is RESULT_IN_PIPE, it receives that message from the
+             worker's pipe (waiting on the pipe and the worker's sentinel).
 
 Why it is safe: at any time each buffer region has one writer.  Ownership of
 the actions and mailbox passes to the worker with the release/acquire pair on
@@ -116,9 +121,17 @@ A RESET clears the worker's memory of ended envs for the envs it resets.
 
 Rare commands (get_attr, set_attr, env_method, render, is_wrapped)
 -------------------------------------------------------------------
-The parent sends ``(name, args)`` on worker w's pipe, then CMD[w] <- PIPE and
-bumps CMD_SEQ[w] (a sleeping worker waits on the futex, not on the pipe).  The
-worker receives, runs it, and answers on the pipe.  PENDING is not used.
+The parent pickles ``(name, args)`` for every worker it calls (an argument
+that does not pickle fails here, before anything is posted), then per worker:
+CMD[w] <- PIPE, bumps CMD_SEQ[w] and wakes it (a sleeping worker waits on the
+futex, not on the pipe), and only then sends the message: a worker already
+reading its pipe drains a message larger than the socket's buffer (sent
+first, it blocked the parent in send() forever).  The worker receives (polling
+for the parent's death), runs it, and answers on the pipe; any exception,
+even a SystemExit from an env or an argument that does not unpickle in the
+worker, is the answer.  PENDING is not used.  An exception in the parent once
+a worker has been posted (Ctrl-C) marks the vec env broken: an answer left in
+a pipe would be taken for the next call's.
 
 POOL (the asynchronous pool, shmvec._pool): a synchronous command like STEP
 whose body serves single envs from the worker's in queue until it pops STOP;
@@ -129,9 +142,15 @@ message (None, or the first exception) and exits.
 
 How failures are noticed
 ------------------------
-- An env raises: the worker sends the exception with its traceback through
-  the pipe, marks STATUS=ERROR and completes the command normally, so the
-  parent never waits for a reply that will not come.
+- An env raises (any BaseException, SystemExit included): the worker marks
+  STATUS=ERROR, completes the command normally, then sends the exception with
+  its traceback through the pipe, so the parent never waits for a reply that
+  will not come.  In the parent an exception that is not an ``Exception``
+  (SystemExit, KeyboardInterrupt) arrives as a RemoteEnvError of that name: a
+  worker's sys.exit() must not end the caller's program.
+- A worker exits without answering (its last message, "closed", arrives where
+  an answer was awaited): WorkerDiedError naming the worker, its envs, the
+  command and the exit code, never the "closed" message taken as the answer.
 - A worker dies: the parent's waits time out every POLL_S and then look at
   every worker's process sentinel; a dead one raises WorkerDiedError with its
   exit code or signal.  Pipe reads wait on the pipe and the sentinel together.

@@ -223,16 +223,18 @@ class Recovery:
     def _restart_workers(self, failed: dict[int, str], command: str) -> dict[int, dict]:
         """Replaces the failed workers, resets their envs; returns their reset infos by env index."""
         first = self.restarts + 1
-        for w, reason in failed.items():
-            if self.max_restarts is not None and self.restarts >= self.max_restarts:
-                sl = self.slices[w]
-                self._broken = TooManyRestartsError(
-                    f"worker {w} (envs {sl.start}..{sl.stop - 1}) failed during {command} ({reason}) after "
-                    f"{self.restarts} restarts, the limit set by max_restarts={self.max_restarts}. The envs keep "
-                    f"failing: fix them, or raise max_restarts (None: no limit). {_BROKEN_HINT}"
-                )
-                raise self._broken
-            self.restarts += 1
+        # All or none: the limit is checked for every failed worker before any restart is counted.
+        if self.max_restarts is not None and self.restarts + len(failed) > self.max_restarts:
+            w, reason = list(failed.items())[min(len(failed) - 1, max(0, self.max_restarts - self.restarts))]
+            sl = self.slices[w]
+            others = f" ({len(failed)} workers failed in this {command})" if len(failed) > 1 else ""
+            self._broken = TooManyRestartsError(
+                f"worker {w} (envs {sl.start}..{sl.stop - 1}) failed during {command} ({reason}){others} after "
+                f"{self.restarts} restarts, the limit set by max_restarts={self.max_restarts}. The envs keep "
+                f"failing: fix them, or raise max_restarts (None: no limit). {_BROKEN_HINT}"
+            )
+            raise self._broken
+        self.restarts += len(failed)
         step_timeout = self.timeout
         if step_timeout is not None:
             self.timeout = max(step_timeout, _RESTART_TIMEOUT_FLOOR_S)  # read by the pipe waits

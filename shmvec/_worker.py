@@ -127,6 +127,7 @@ class _Worker:
         self.spin = spin
         self.current: int | None = None
         self.sleep_next = False  # this worker woke the parent early: sleep at once in the next wait
+        self.outbox: Any = None  # a message kept for the pipe until the command completes (protocol step 6b)
         self.shm: SharedMemory | FdSegment | None = None
         self.words: Words | None = None
         # Autoreset (see _protocol): SAME_STEP resets a finished env within the step that ended it
@@ -235,9 +236,9 @@ class _Worker:
         status, result_len = P.Status.OK, 0
         try:
             result_len = self._put_result(body())
-        except Exception as exc:
-            status = P.Status.ERROR
-            self.conn.send(("error", pack_exception(exc, env_index=self.current, worker=self.index, command=name)))
+        except BaseException as exc:  # an env's sys.exit() too: the parent decides what it means
+            status, result_len = P.Status.ERROR, 0
+            self.outbox = ("error", pack_exception(exc, env_index=self.current, worker=self.index, command=name))
         self.current = None
         words.store(P.word(self.index, P.STATUS), status)
         words.store(P.word(self.index, P.RESULT_LEN), result_len)
@@ -252,6 +253,14 @@ class _Worker:
             words.store(P.EARLY_WAKE, 1)
             words.wake_sleepers(P.PENDING, P.PARENT_SLEEPERS)
             self.sleep_next = True
+        if self.outbox is not None:
+            # Step 6b: only now, as the parent reads pipes only once PENDING is 0 (a message
+            # larger than the socket's buffer would block here until it does).
+            out, self.outbox = self.outbox, None
+            if isinstance(out, bytes):
+                self.conn.send_bytes(out)
+            else:
+                self.conn.send(out)
 
     def _put_result(self, items: list) -> int:
         """Writes the command's non-empty infos into the mailbox; returns RESULT_LEN.
@@ -277,7 +286,7 @@ class _Worker:
         if n < self.mailbox_bytes:
             self.mailbox[:n] = data
             return n
-        self.conn.send_bytes(data)
+        self.outbox = data  # sent after the command completes (protocol step 6b)
         return P.RESULT_IN_PIPE
 
     def _step(self) -> list:
@@ -310,9 +319,16 @@ class _Worker:
         """The slice's rewards and flags in one write each, then its masks (both step bodies)."""
         start, stop = self.start, self.stop
         if not publish_step(self.rew, self.terminated, self.truncated, start, rews, terms, truncs):
-            self.rew[start:stop] = rews  # numpy scalars and other types: numpy converts (or raises)
-            self.terminated[start:stop] = terms
-            self.truncated[start:stop] = truncs
+            try:
+                self.rew[start:stop] = rews  # numpy scalars and other types: numpy converts (or raises)
+                self.terminated[start:stop] = terms
+                self.truncated[start:stop] = truncs
+            except Exception:
+                for j, values in enumerate(zip(rews, terms, truncs)):  # name the env that returned it
+                    self.current = start + j
+                    self.rew[start + j], self.terminated[start + j], self.truncated[start + j] = values
+                self.current = None
+                raise
         if self.masks is not None:
             self._write_masks(range(start, stop))
 
@@ -379,11 +395,15 @@ class _Worker:
         return items
 
     def _pipe_command(self) -> None:
-        name, args = self.conn.recv()
+        # Posted first, sent after (protocol, "Rare commands"): wait for the message, and for
+        # the parent's death, which a fork-inherited copy of its end keeps EOF from showing.
+        data = _recv(self.conn, self.parent, raw=True)
+        name = None  # not known until unpickled: the parent fills it in
         try:
+            name, args = pickle.loads(data)  # an argument that does not unpickle here is the answer
             result = self._run_pipe_command(name, args)
             self.conn.send(("ok", result))
-        except Exception as exc:
+        except BaseException as exc:  # an env's sys.exit() too: it is the answer, the worker stays
             self.conn.send(("error", pack_exception(exc, env_index=self.current, worker=self.index, command=name)))
         self.current = None
 
@@ -450,12 +470,13 @@ def _unbatch(space: gym.spaces.Space, batch: Any, n: int) -> list:
     return list(batch)
 
 
-def _recv(conn: Connection, parent: _ParentWatch) -> Any:
-    """conn.recv(), giving up when the parent dies (fork copies make EOF unreliable)."""
+def _recv(conn: Connection, parent: _ParentWatch, raw: bool = False) -> Any:
+    """conn.recv() (its bytes with ``raw``), giving up when the parent dies (fork copies make
+    EOF unreliable)."""
     while not conn.poll(P.PARENT_POLL_S):
         if not parent.alive():
             raise EOFError("parent process died")
-    return conn.recv()
+    return conn.recv_bytes() if raw else conn.recv()
 
 
 def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connection, parent_pid: int,
@@ -477,18 +498,32 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
         _cap_threads(threads, after_envs=True)
         worker = _Worker(index, env_range, envs, conn, parent, spin, autoreset)
         first = envs[0]
-        conn.send(("spaces", (first.observation_space, first.action_space,
-                              getattr(first, "render_mode", None), dict(first.metadata),
-                              all(has_action_masks(env) for env in envs))))
+        try:
+            hello = pickle.dumps(("spaces", (first.observation_space, first.action_space,
+                                             getattr(first, "render_mode", None), dict(first.metadata),
+                                             all(has_action_masks(env) for env in envs))))
+        except Exception as exc:
+            exc.add_note("shmvec: the first env's observation_space, action_space, render_mode and metadata "
+                         "go to the parent with pickle: keep lambdas and open handles out of them.")
+            conn.send(("error", pack_exception(exc, env_index=env_range.start, worker=index,
+                                               command="env construction")))
+            return
+        conn.send_bytes(hello)
         msg = _recv(conn, parent)
-        if msg[0] == "attach_fd":  # a restart: the block's name is unlinked, its descriptor follows
-            while not conn.poll(P.PARENT_POLL_S):
-                if not parent.alive():
-                    raise EOFError("parent process died")
-            worker.attach(None, *msg[1], fd=reduction.recv_handle(conn))
-        elif msg[0] == "attach":
-            worker.attach(*msg[1])
-        else:
+        try:
+            if msg[0] == "attach_fd":  # a restart: the block's name is unlinked, its descriptor follows
+                while not conn.poll(P.PARENT_POLL_S):
+                    if not parent.alive():
+                        raise EOFError("parent process died")
+                worker.attach(None, *msg[1], fd=reduction.recv_handle(conn))
+            elif msg[0] == "attach":
+                worker.attach(*msg[1])
+            else:
+                return
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as exc:  # answered as such, never taken for "ready"
+            conn.send(("error", pack_exception(exc, env_index=None, worker=index, command="attach")))
             return
         conn.send(("ready", None))
         worker.serve()

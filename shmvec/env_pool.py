@@ -119,6 +119,9 @@ class ShmEnvPool:
 
     # Class-level defaults: close() and __del__ are safe on a half-built object.
     _engine: _Engine | None = None
+    # Gymnasium's batched infos in recv(); False (the SB3 face, shmvec.vec_env_pool, which reads
+    # row_infos) batches only the final observations: no batching error for arrays of uneven length.
+    batch_infos = True
     _pres: _PoolResources | None = None
     _running = False
     _out_q: IndexQueue | None = None
@@ -196,21 +199,28 @@ class ShmEnvPool:
         self._term_obs = engine._term_obs
 
     # ---- the pool ---------------------------------------------------------------------------------------
-    def async_reset(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
+    def async_reset(self, seed: int | list[int | None] | None = None,
+                    options: dict[str, Any] | list[dict[str, Any] | None] | None = None) -> None:
         """Resets every env (all in flight afterwards); ``recv`` returns them ``batch_size`` at a time.
 
         Whatever was in flight or waiting to be received is dropped.
 
         :param seed: None, an int (env i gets ``seed + i``), or one seed (or None) per env.
-        :param options: passed to every env's ``reset``.
+        :param options: passed to every env's ``reset``; or a list of one dict (or None) per env.
         """
         engine = self._usable()
         seeds = gym_vector_seeds(seed, self.num_envs)
+        if isinstance(options, (list, tuple)):
+            if len(options) != self.num_envs:
+                raise ValueError(f"options is a list of {len(options)}; expected one per env ({self.num_envs})")
+            per_env = list(options)
+        else:
+            per_env = [options] * self.num_envs
         self._stop()
         while self._out_q.try_pop() is not None:  # results nobody will receive
             pass
         self._partial = []
-        results = engine._reset_workers(seeds, [options] * self.num_envs)
+        results = engine._reset_workers(seeds, per_env)
         self._pending_infos = {}
         for items in results:
             for i, info in items:
@@ -413,6 +423,12 @@ class ShmEnvPool:
         add = self._infos._add_info
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
         lengths, slots, pending = self._info_len, self._info_slots, self._pending_infos
+        # Each row's own dicts, as its env returned them (step info, reset info), for the SB3
+        # face (shmvec.vec_env_pool): Gymnasium's batching sizes an array from the first row
+        # that has a key, so an int in one env truncates another's float.
+        self.row_infos = row_infos = []
+        if not self.batch_infos:  # only the final observations batched; infos are the rows' own
+            add = _final_obs_only(add)
         for k, i in enumerate(idx.tolist()):
             n = int(lengths[i])
             payload = load_result(slots[i, :n]) if n else None
@@ -420,13 +436,25 @@ class ShmEnvPool:
             if same_step:
                 info, step_reset_info = payload if payload is not None else ({}, None)
                 if terminated[k] or truncated[k]:
+                    row_infos.append((info or {}, step_reset_info or reset_info or {}))
                     infos = add(infos, {"final_obs": self._term_obs(i), "final_info": info or {}}, k)
                     info = step_reset_info
+                else:
+                    row_infos.append((info or {}, reset_info))
                 if info:
                     infos = add(infos, info, k)
-            elif payload:
-                infos = add(infos, payload, k)
+            else:
+                row_infos.append((payload or {}, reset_info))
+                if payload:
+                    infos = add(infos, payload, k)
             if reset_info:
                 infos = add(infos, reset_info, k)
         infos["env_id"] = idx
         return obs, rewards, terminated, truncated, infos
+
+
+def _final_obs_only(add: Any) -> Any:
+    """Gymnasium's ``_add_info`` for the final observations alone (``batch_infos=False``)."""
+    def add_final_obs(infos: dict, info: dict, k: int) -> dict:
+        return add(infos, {"final_obs": info["final_obs"]}, k) if "final_obs" in info else infos
+    return add_final_obs

@@ -192,7 +192,7 @@ class _ShmVecActor:
 
     # ---- pool mode (the engine is a ShmEnvPool; see shmvec.ray_pool) --------------------------------
     @_keeps_traceback
-    def pool_reset(self, seeds: list, options: dict[str, Any] | None) -> tuple:
+    def pool_reset(self, seeds: list, options: dict[str, Any] | list | None) -> tuple:
         """Resets every env of the slice; returns the first local batch."""
         self.venv.async_reset(seed=list(seeds), options=options)
         return self._pool_batch()
@@ -215,7 +215,8 @@ class _ShmVecActor:
         """The next local batch as (local ids, obs, rewards, terminated, truncated, pickled row infos)."""
         obs, rewards, terminated, truncated, infos = self.venv.recv()
         ids = infos["env_id"]
-        rows = [(k, info) for k, info in enumerate(row_infos(infos, len(ids))) if info]
+        own = self.venv.row_infos  # each row's own (info, reset info), unbatched
+        rows = [(k, info, own[k]) for k, info in enumerate(row_infos(infos, len(ids))) if info or own[k][0] or own[k][1]]
         payload = pickle.dumps(rows, protocol=5) if rows else b""
         return ids, obs, rewards, terminated, truncated, payload
 

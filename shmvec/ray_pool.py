@@ -154,20 +154,24 @@ class RayShmEnvPool(_RayActorGroup):
         self._infos = _InfoBatch(batch_size)
 
     # ---- the pool ---------------------------------------------------------------------------------------
-    def async_reset(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
+    def async_reset(self, seed: int | list[int | None] | None = None,
+                    options: dict[str, Any] | list[dict[str, Any] | None] | None = None) -> None:
         """Resets every env (all in flight afterwards); ``recv`` returns them ``batch_size`` at a time.
 
         Whatever was in flight or waiting to be received is dropped.
 
         :param seed: None, an int (env i gets ``seed + i``), or one seed (or None) per env.
-        :param options: passed to every env's ``reset``.
+        :param options: passed to every env's ``reset``; or a list of one dict (or None) per env.
         """
         self._check_usable()
         seeds = gym_vector_seeds(seed, self.num_envs)
+        if isinstance(options, (list, tuple)) and len(options) != self.num_envs:
+            raise ValueError(f"options is a list of {len(options)}; expected one per env ({self.num_envs})")
         # Each reset queues behind its actor's outstanding calls; their results are dropped.
         self._arrived = []
         self._sends = []
-        self._recv_refs = [a.pool_reset.remote(seeds[sl.start:sl.stop], options)
+        self._recv_refs = [a.pool_reset.remote(seeds[sl.start:sl.stop], list(options[sl.start:sl.stop])
+                                               if isinstance(options, (list, tuple)) else options)
                            for a, sl in zip(self._actors, self.slices)]
         self._actor_in_flight = [len(sl) for sl in self.slices]
         self._in_flight[:] = True
@@ -252,8 +256,18 @@ class RayShmEnvPool(_RayActorGroup):
     def _paused_call(self, name: str, args: tuple, indices: list[int] | None = None) -> tuple[Any, ...]:
         """One of ShmEnvPool's raw commands (``is_wrapped``, ...) on envs ``indices`` (global), in order."""
         targets = list(range(self.num_envs)) if indices is None else [int(i) % self.num_envs for i in indices]
-        answers = self._each("_paused_call", lambda k: ((name, args, None), {}))
-        return tuple(answers[i] for i in targets)
+        # Only the envs asked for (a set_attr or env_method must not touch the others): each actor
+        # gets its own envs' local indices, in order, and the answers come back in that order.
+        starts = [sl.start for sl in self.slices]
+        local: list[list[int]] = [[] for _ in self.slices]
+        where = []
+        for i in targets:
+            k = int(np.searchsorted(starts, i, side="right")) - 1
+            where.append((k, len(local[k])))
+            local[k].append(i - starts[k])
+        answers = self._each("_paused_call", lambda k: ((name, args, local[k]), {}))
+        offsets = np.cumsum([0] + [len(x) for x in local[:-1]]).tolist()
+        return tuple(answers[offsets[k] + j] for k, j in where)
 
     def close(self) -> None:
         """Closes every actor's ShmEnvPool (after its outstanding batch, within a bound), then kills the actors."""
@@ -322,10 +336,11 @@ class RayShmEnvPool(_RayActorGroup):
                 self._raise_failures({0: exc}, [k], "pool recv", broken=True)
             start = self.slices[k].start
             infos: list[dict[str, Any] | None] = [None] * len(ids)
-            for row, info in (pickle.loads(payload) if payload else ()):
-                infos[row] = info
+            raw: list[tuple] = [({}, None)] * len(ids)  # each row's own (info, reset info): ShmEnvPool.row_infos
+            for row, info, own in (pickle.loads(payload) if payload else ()):
+                infos[row], raw[row] = info, own
             self._arrived.append({"ids": np.asarray(ids, dtype=np.int64) + start, "obs": obs, "rew": rewards,
-                                  "term": terminated, "trunc": truncated, "infos": infos})
+                                  "term": terminated, "trunc": truncated, "infos": infos, "raw": raw})
             self._actor_in_flight[k] -= len(ids)
             if self._actor_in_flight[k] >= self.actor_batch_sizes[k]:
                 self._recv_refs[k] = self._actors[k].pool_recv.remote()
@@ -357,6 +372,7 @@ class RayShmEnvPool(_RayActorGroup):
                     infos = add(infos, info, row)
                 row += 1
         infos["env_id"] = ids
+        self.row_infos = [own for p in parts for own in p["raw"]]
         return obs, rewards, terminated, truncated, infos
 
 

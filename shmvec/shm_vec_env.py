@@ -16,7 +16,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from multiprocessing import resource_tracker
+from multiprocessing import reduction, resource_tracker
 from multiprocessing.connection import Connection, wait as mp_wait
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
@@ -127,29 +127,44 @@ class _Resources:
                 pass
 
     def release(self, polite: bool = True) -> list[tuple[int, dict]]:
-        """Stops the workers (politely if asked), frees the memory; returns errors env.close() raised."""
+        """Stops the workers (politely if asked), frees the memory; returns errors env.close() raised.
+
+        Interrupted (Ctrl-C while a worker's env.close() hangs), it still terminates every worker
+        and frees everything before the interrupt goes on: there is no second chance, as a
+        second call returns at once.
+        """
         if self.released:
             return []
         self.released = True
-        close_errors: list[tuple[int, dict]] = []
+        alive = [(w, p) for w, p in enumerate(self.processes) if _is_alive(p)]
+        try:
+            if polite:
+                self._ask_to_exit(alive)
+        finally:
+            close_errors = self._free(alive)
+        return close_errors
+
+    def _ask_to_exit(self, alive: list) -> None:
         words = self.words
-        alive = [(w, p) for w, p in enumerate(self.processes) if p.is_alive()]
-        if polite and words is not None:
+        if words is not None:
             for w, _ in alive:
                 words.store(P.word(w, P.CMD), P.Cmd.CLOSE)
                 words.fetch_add(P.word(w, P.CMD_SEQ), 1)
                 words.wake(P.word(w, P.CMD_SEQ))
-        elif polite:
+        else:
             for w, _ in alive:  # still in the handshake: tell them on the pipe
                 try:
                     self.conns[w].send(("abort", None))
                 except OSError:
                     pass
-        deadline = time.monotonic() + (_CLOSE_JOIN_S if polite else 0.0)
+        deadline = time.monotonic() + _CLOSE_JOIN_S
         for w, p in alive:
             p.join(max(0.0, deadline - time.monotonic()))
-        if polite:  # asked to close, they exited on their own: a non-zero code is a crash in env.close()
-            self.died_in_close = [(w, p.exitcode) for w, p in alive if not p.is_alive() and p.exitcode != 0]
+        # Asked to close, they exited on their own: a non-zero code is a crash in env.close().
+        self.died_in_close = [(w, p.exitcode) for w, p in alive if not p.is_alive() and p.exitcode != 0]
+
+    def _free(self, alive: list) -> list[tuple[int, dict]]:
+        close_errors: list[tuple[int, dict]] = []
         for w, p in alive:
             if p.is_alive():
                 p.terminate()
@@ -163,19 +178,29 @@ class _Resources:
                     msg = conn.recv()
                     if msg[0] == "closed" and msg[1] is not None:
                         close_errors.append((w, msg[1]))
-            except (EOFError, OSError):
+            except (EOFError, OSError, pickle.UnpicklingError):
                 pass
             conn.close()
         for p in self.processes:
-            p.close()
-        if words is not None:
-            words.release()
+            try:
+                p.close()
+            except (ValueError, AttributeError):  # closed already (a restart stopped it)
+                pass
+        if self.words is not None:
+            self.words.release()
         self.words = None
         self.views = None
         if self.shm is not None:
             self.unlink()
             close_mapping(self.shm)
         return close_errors
+
+
+def _is_alive(p: Any) -> bool:
+    try:
+        return p.is_alive()
+    except ValueError:  # a Process object closed already (a restart stopped it): not running
+        return False
 
 
 class ShmVecEnv(Recovery, VecEnv):
@@ -753,18 +778,25 @@ class ShmVecEnv(Recovery, VecEnv):
         """Posts ``cmd`` to every worker but those in ``skip`` (protocol steps 1-3)."""
         words, seqs = self._words, self._seq
         code = int(cmd)
-        self._arm_early_wake(cmd)
-        words.store(P.PENDING, self.n_workers - len(skip))
-        for w, (seq_word, cmd_word, _) in enumerate(self._cmd_words):
-            if w not in skip:
-                seqs[w] = seq = (seqs[w] + 1) & 0xFFFFFFFF
-                words.store(cmd_word, code)
-                words.store(seq_word, seq)
-        # Wake the sleepers only once every worker has its command: a worker woken on this core
-        # may take it at once, and the spinning workers must not wait for it to finish.
-        for w, (seq_word, _, sleepers_word) in enumerate(self._cmd_words):
-            if w not in skip:
-                words.wake_sleepers(seq_word, sleepers_word)
+        try:
+            self._arm_early_wake(cmd)
+            words.store(P.PENDING, self.n_workers - len(skip))
+            for w, (seq_word, cmd_word, _) in enumerate(self._cmd_words):
+                if w not in skip:
+                    seqs[w] = seq = (seqs[w] + 1) & 0xFFFFFFFF
+                    words.store(cmd_word, code)
+                    words.store(seq_word, seq)
+            # Wake the sleepers only once every worker has its command: a worker woken on this core
+            # may take it at once, and the spinning workers must not wait for it to finish.
+            for w, (seq_word, _, sleepers_word) in enumerate(self._cmd_words):
+                if w not in skip:
+                    words.wake_sleepers(seq_word, sleepers_word)
+        except BaseException as exc:
+            # Interrupted (Ctrl-C) part way: some workers may run the command and nobody will wait
+            # for them; a next command would store PENDING under them and read stale results.
+            if self._broken is None:
+                self._broken = exc
+            raise
 
     def _complete(self, command: str, deadline_s: float | None = None) -> list[list]:
         """Waits for PENDING to reach 0, then collects each worker's infos (or error)."""
@@ -892,7 +924,28 @@ class ShmVecEnv(Recovery, VecEnv):
         tag, payload = self._recv_raw(w, command)
         if tag == "error":
             raise unpack_exception(payload, hint)
+        if tag == "closed":
+            self._exited_instead(w, command, payload)
         return payload
+
+    def _exited_instead(self, w: int, command: str, packed: dict | None) -> None:
+        """Worker w sent its last message ("closed": it is exiting) where an answer to ``command``
+        was awaited: WorkerDiedError with its exit code, and what its envs' close() raised."""
+        res = self._res
+        assert res is not None
+        proc = res.processes[w]
+        proc.join(_CLOSE_JOIN_S)
+        sl = self.slices[w]
+        err = WorkerDiedError(
+            f"worker {w} (envs {sl.start}..{sl.stop - 1}) exited during {command} without answering, with "
+            f"{describe_exitcode(proc.exitcode)}. The worker loop itself failed (see the cause, if any). "
+            + _BROKEN_HINT,
+            worker=w, env_indices=sl, exitcode=proc.exitcode,
+        )
+        if packed is not None:
+            err.__cause__ = unpack_exception(packed, _BROKEN_HINT)
+        self._broken = err
+        raise err
 
     def _pipe_call(self, name: str, indices: VecEnvIndices, args: tuple) -> list[Any]:
         self._check_usable()
@@ -906,31 +959,48 @@ class ShmVecEnv(Recovery, VecEnv):
         groups = group_by_slice(targets, self.slices)  # answers go back by position (see there)
         by_worker = {w: idx for w, (idx, _) in groups.items()}
         positions = {w: pos for w, (_, pos) in groups.items()}
-        for w, idx in by_worker.items():
-            try:
-                res.conns[w].send((name, (idx, *args)))
-            except (BrokenPipeError, ConnectionResetError):
-                self._raise_if_died(w, name)
-                raise
-            self._seq[w] = (self._seq[w] + 1) & 0xFFFFFFFF
-            self._words.store(P.word(w, P.CMD), P.Cmd.PIPE)
-            self._words.store(P.word(w, P.CMD_SEQ), self._seq[w])
-            self._words.wake(P.word(w, P.CMD_SEQ))
+        # Pickled before anything is posted: an argument that does not pickle leaves the env usable.
+        messages = {w: reduction.ForkingPickler.dumps((name, (idx, *args))) for w, idx in by_worker.items()}
         answers: list[Any] = [None] * len(targets)
         error: BaseException | None = None
-        for w, idx in by_worker.items():
-            try:
-                tag, payload = self._recv_raw(w, name)
-            except BaseException as exc:
-                # Interrupted: an answer left in a pipe would be taken for the next call's.
-                if self._broken is None:
-                    self._broken = exc
-                raise
-            if tag == "error":
-                error = error or unpack_exception(payload, _CALL_HINT)
-            else:
-                for pos, value in zip(positions[w], payload):
-                    answers[pos] = value
+        try:
+            for w in by_worker:  # post, then send (protocol, "Rare commands")
+                self._seq[w] = (self._seq[w] + 1) & 0xFFFFFFFF
+                self._words.store(P.word(w, P.CMD), P.Cmd.PIPE)
+                self._words.store(P.word(w, P.CMD_SEQ), self._seq[w])
+                self._words.wake(P.word(w, P.CMD_SEQ))
+                try:
+                    res.conns[w].send_bytes(messages[w])
+                except (BrokenPipeError, ConnectionResetError):
+                    self._raise_if_died(w, name)
+                    raise
+            for w, idx in by_worker.items():
+                data = self._recv_raw(w, name, raw_bytes=True)
+                try:
+                    tag, payload = pickle.loads(data)
+                except Exception as exc:  # read whole: the pipe is in step, the env stays usable
+                    exc.add_note(
+                        f"shmvec: the answer of worker {w} (envs {_ranges(idx)}) to {name} pickled there but does "
+                        "not unpickle in this process (an object only the worker can rebuild: a CUDA tensor, "
+                        "a class the worker imported); return plain data (numbers, numpy arrays) instead."
+                    )
+                    error = error or exc
+                    continue
+                if tag == "error":
+                    if payload["command"] is None:  # the message did not unpickle in the worker
+                        payload["command"] = f"{name} (unpickling its arguments in the worker)"
+                    error = error or unpack_exception(payload, _CALL_HINT)
+                elif tag == "closed":
+                    self._exited_instead(w, name, payload)
+                else:
+                    for pos, value in zip(positions[w], payload):
+                        answers[pos] = value
+        except BaseException as exc:
+            # Interrupted (or a worker died): an answer left in a pipe would be taken for the
+            # next call's, and a worker posted but never sent its message waits for it.
+            if self._broken is None:
+                self._broken = exc
+            raise
         if error is not None:
             raise error
         return answers

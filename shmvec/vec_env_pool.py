@@ -73,11 +73,13 @@ class ShmVecEnvPool(VecEnv):
                  **kwargs: Any) -> None:
         self._pool = pool = self._pool_cls(env_fns, batch_size=batch_size, autoreset_mode=AutoresetMode.SAME_STEP,
                                        **kwargs)
+        pool.batch_infos = False  # SB3's infos come from each row's own dicts (pool.row_infos)
         self.pool_size = pool.num_envs
         self._ids = np.zeros(0, dtype=np.int64)
         self._last_obs: dict[int, Any] = {}
         self._last_action: dict[int, Any] = {}
         self._pool_seeds: list[int | None] = [None] * pool.num_envs
+        self._pool_options: dict | list | None = None
         super().__init__(pool.batch_size, pool.single_observation_space, pool.single_action_space)
         self.metadata = dict(pool.metadata)
 
@@ -93,14 +95,22 @@ class ShmVecEnvPool(VecEnv):
         pool = self._usable()
         if self.waiting:
             raise AlreadyPendingCallError("reset() while a step is in flight: call step_wait() first")
-        pool.async_reset(seed=self._pool_seeds)
+        pool.async_reset(seed=self._pool_seeds, options=self._pool_options)
         self._pool_seeds = [None] * self.pool_size
+        self._pool_options = None
         self._last_action = {}
         self._last_obs = {}
         obs, _, _, _, infos = pool.recv()
         obs, ids, order = self._sorted(obs, infos)
-        self.reset_infos = [{} for _ in range(self.num_envs)]
+        self.reset_infos = [dict(pool.row_infos[j][1] or {}) for j in order.tolist()]
         return obs
+
+    def set_options(self, options: list[dict] | dict | None = None) -> None:
+        """Options for every env's next ``reset``: one dict for all, or a list of one per env of
+        the pool (``pool_size``; with ``batch_size == pool_size`` that is one per row, as SB3's)."""
+        if isinstance(options, (list, tuple)) and len(options) != self.pool_size:
+            raise ValueError(f"options is a list of {len(options)}; expected one per env of the pool ({self.pool_size})")
+        self._pool_options = list(options) if isinstance(options, (list, tuple)) else options
 
     def step_async(self, actions: np.ndarray) -> None:
         pool = self._usable()
@@ -125,16 +135,16 @@ class ShmVecEnvPool(VecEnv):
         rewards, terminated, truncated = rewards[order], terminated[order], truncated[order]
         dones = terminated | truncated
         infos: list[dict[str, Any]] = []
-        final_mask = vinfos.get("_final_info")
+        final_mask = vinfos.get("_final_obs")
+        row_infos = pool.row_infos  # each env's own dicts (Gymnasium's batched ones change types)
         for k, j in enumerate(order.tolist()):
             i = int(ids[k])
-            info: dict[str, Any] = {}
+            info, reset_info = row_infos[j]
+            info = dict(info)
             if dones[k]:
-                info.update(_pool_row_info(vinfos.get("final_info", {}), j))
                 info["terminal_observation"] = vinfos["final_obs"][j]
                 assert final_mask is not None and final_mask[j]
-            else:
-                info.update(_pool_row_info(vinfos, j))
+                self.reset_infos[k] = dict(reset_info or {})
             info["TimeLimit.truncated"] = bool(truncated[k] and not terminated[k])
             info["env_id"] = i
             if i in self._last_action:  # a real transition (not the env's reset row)
@@ -151,22 +161,18 @@ class ShmVecEnvPool(VecEnv):
     def get_images(self) -> Sequence[np.ndarray | None]:
         return list(self._usable().render())
 
+    # As SB3's (and ShmVecEnv's): only the envs in ``indices`` are touched; ``indices`` count envs
+    # of the pool (0 .. pool_size - 1), not rows; set_attr sets the outermost wrapper's attribute.
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
-        """``indices`` count envs of the pool (0 .. pool_size - 1), not rows."""
-        values = self._usable().call(attr_name)
-        return [values[i] for i in self._pool_indices(indices)]
+        return list(self._usable()._paused_call("get_attr", (attr_name,), self._pool_indices(indices)))
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
-        pool = self._usable()
-        current = list(pool.get_attr(attr_name)) if indices is not None else [value] * self.pool_size
-        for i in self._pool_indices(indices):
-            current[i] = value
-        pool.set_attr(attr_name, current)
+        self._usable()._paused_call("set_attr", (attr_name, value), self._pool_indices(indices))
 
     def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None,
                    **method_kwargs: Any) -> list[Any]:
-        values = self._usable().call(method_name, *method_args, **method_kwargs)
-        return [values[i] for i in self._pool_indices(indices)]
+        return list(self._usable()._paused_call("env_method", (method_name, method_args, method_kwargs),
+                                                self._pool_indices(indices)))
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
         return list(self._usable()._paused_call("is_wrapped", (wrapper_class,), self._pool_indices(indices)))
@@ -192,19 +198,6 @@ class ShmVecEnvPool(VecEnv):
         for k, i in enumerate(ids.tolist()):
             self._last_obs[i] = _row(obs, k)
         return obs, ids, order
-
-
-def _pool_row_info(vinfos: dict, k: int) -> dict:
-    """Row k of Gymnasium-style batched infos as a plain dict (without the pool's own keys)."""
-    out: dict[str, Any] = {}
-    for key, value in vinfos.items():
-        if (isinstance(key, str) and key.startswith("_")) or key in ("env_id", "final_obs", "final_info"):
-            continue
-        mask = vinfos.get(f"_{key}")
-        if mask is None or not mask[k]:
-            continue
-        out[key] = _pool_row_info(value, k) if isinstance(value, dict) else value[k]
-    return out
 
 
 class PoolReplayBuffer(ReplayBuffer):

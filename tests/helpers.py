@@ -73,13 +73,24 @@ def close_all(*envs: Any) -> None:
 POOL_INFO_KEYS = frozenset({"env_id", "pool_obs", "pool_action"})
 
 
-def assert_pool_matches_dummy(env: Any, ref: Any, steps: int, n_actions: int, check_step: Any = None) -> int:
-    """Seeds and resets both, then steps ``env`` (an SB3-face pool with a full batch) and ``ref``
-    (a DummyVecEnv) with the same random actions, asserting equal obs, rewards, dones and infos
-    (the pool's own info keys aside); ``check_step(infos)`` adds checks.  Returns the episodes ended."""
+def _own_infos(infos: list) -> list:
+    return [{k: v for k, v in info.items() if k not in POOL_INFO_KEYS and k != "terminal_observation"}
+            for info in infos]
+
+
+def assert_pool_matches_dummy(env: Any, ref: Any, steps: int, n_actions: int, check_step: Any = None,
+                              options: Any = None) -> int:
+    """Seeds and resets both (with ``options`` set on both, if given), then steps ``env`` (an
+    SB3-face pool with a full batch) and ``ref`` (a DummyVecEnv) with the same random actions,
+    asserting equal obs, rewards, dones, infos (values and types; the pool's own info keys aside)
+    and reset_infos; ``check_step(infos)`` adds checks.  Returns the episodes ended."""
     ref.seed(3)
     env.seed(3)
+    if options is not None:
+        ref.set_options(options)
+        env.set_options(options)
     assert_same(env.reset(), ref.reset(), "reset", strict_dtype=True)
+    assert_same(env.reset_infos, ref.reset_infos, "reset_infos after reset")
     rng = np.random.default_rng(0)
     ended = 0
     for t in range(steps):
@@ -90,6 +101,8 @@ def assert_pool_matches_dummy(env: Any, ref: Any, steps: int, n_actions: int, ch
         assert_same(rew_s, rew_r, f"step {t} rewards", strict_dtype=True)
         assert_same(done_s, done_r, f"step {t} dones", strict_dtype=True)
         assert_same(infos_s, infos_r, f"step {t} infos", ignore=POOL_INFO_KEYS)
+        assert type_tree(_own_infos(infos_s)) == type_tree(_own_infos(infos_r)), f"step {t} info types"
+        assert_same(env.reset_infos, ref.reset_infos, f"step {t} reset_infos")
         if check_step is not None:
             check_step(infos_s)
         ended += int(done_r.sum())

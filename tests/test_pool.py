@@ -255,6 +255,49 @@ def test_sb3_pool_carries_infos_of_every_type():
         close_all(env, ref)
 
 
+def test_sb3_pool_infos_are_each_envs_own_and_options_reach_the_envs():
+    """An int in one env and a float in another, arrays of different lengths, bools: each env's
+    info arrives as its own (Gymnasium's batching, which the pool uses for its own face, would
+    truncate the float to the int's dtype); set_options reaches every env and reset_infos are
+    DummyVecEnv's, after reset() and after each autoreset."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from shmvec.vec_env_pool import ShmVecEnvPool
+
+    fns = [functools.partial(testenvs.make_uneven_info_env, i) for i in range(4)]
+    ref = DummyVecEnv(fns)
+    env = ShmVecEnvPool(fns, n_workers=2, start_method="fork")
+    try:
+        assert assert_pool_matches_dummy(env, ref, 20, 3, options={"offset": 2.5}) > 0
+        assert {info["offset"] for info in env.reset_infos} == {0.0}  # options are for one reset only
+        options = [{"offset": float(i)} for i in range(4)]
+        assert assert_pool_matches_dummy(env, ref, 5, 3, options=options) >= 0
+    finally:
+        close_all(env, ref)
+
+
+def test_sb3_pool_rare_calls_touch_only_the_envs_in_indices():
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from shmvec.vec_env_pool import ShmVecEnvPool
+
+    fns = [functools.partial(testenvs.make_spaces_env, "box", "discrete", i) for i in range(4)]
+    ref = DummyVecEnv(fns)
+    env = ShmVecEnvPool(fns, n_workers=2, start_method="fork")
+    try:
+        for venv in (ref, env):
+            venv.seed(1)
+            venv.reset()
+            assert venv.env_method("bump", 5, indices=[0, 3]) == [5, 5]
+            venv.set_attr("scale", 0.0, indices=[1])  # the outermost wrapper's attribute, as SB3's
+        assert env.get_attr("counter") == ref.get_attr("counter") == [5, 0, 0, 5]
+        assert env.get_attr("scale", indices=[1, 2]) == ref.get_attr("scale", indices=[1, 2])
+        act = np.array([1, 0, 2, 1])
+        assert_same(env.step(act)[1], ref.step(act)[1], "rewards after set_attr", strict_dtype=True)
+    finally:
+        close_all(env, ref)
+
+
 def test_pool_info_too_large_for_the_codec_goes_pickled():
     """A message the codec cannot fit in the slot is pickled when the pickle fits (shared strings)."""
     fns = [functools.partial(testenvs.make_repeated_text_info_env, i) for i in range(2)]

@@ -18,6 +18,7 @@ import collections
 import functools
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -499,3 +500,89 @@ class LockInfoEnv(SpacesEnv):
 
 def make_lock_info_env(index: int = 0, at: int = 2) -> gym.Env:
     return LockInfoEnv(index, at)
+
+
+class RaiseOnLoad:
+    """Pickles anywhere; unpickling it raises (an object only its own process can rebuild)."""
+
+    def __reduce__(self):
+        return (_refuse_to_load, ("only the worker can rebuild this",))
+
+
+def _refuse_to_load(message: str) -> Any:
+    raise LookupError(message)
+
+
+class BadStrError(Exception):
+    """An exception whose ``str()`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+class PipeEnv(SpacesEnv):
+    """Messages larger than a pipe's buffer, and the ways a worker's answer can go wrong.
+
+    ``huge`` (bytes) at step ``at``: ``"info"`` returns an info that large, ``"raise"`` raises a
+    RuntimeError carrying that many bytes, ``"exit"`` calls ``sys.exit(5)``, ``"bad_str"`` raises
+    an exception whose ``str()`` raises, ``"reward"`` returns a reward numpy cannot convert.
+    """
+
+    def __init__(self, how: str = "", at: int = 2, huge: int = 2_000_000, tag: int = 0) -> None:
+        super().__init__("box", "discrete", term_prob=0.0, tag=tag)
+        self.how, self.at, self.huge = how, at, huge
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self._t == self.at:
+            if self.how == "info":
+                info = dict(info, blob=np.full(self.huge // 8, self.tag, dtype=np.int64))
+            elif self.how == "raise":
+                raise RuntimeError("a large exception", np.zeros(self.huge // 8))
+            elif self.how == "exit":
+                sys.exit(5)
+            elif self.how == "bad_str":
+                raise BadStrError()
+            elif self.how == "reward":
+                reward = "not a number"
+        return obs, reward, terminated, truncated, info
+
+    def size_of(self, value: Any) -> int:
+        return len(value)
+
+    def exit_now(self) -> None:
+        sys.exit(7)
+
+    def unloadable(self) -> RaiseOnLoad:
+        return RaiseOnLoad()
+
+
+def make_pipe_env(index: int = 0, **kwargs: Any) -> gym.Env:
+    return PipeEnv(tag=index, **kwargs)
+
+
+class LambdaMetadataEnv(SpacesEnv):
+    """Its metadata holds a lambda, which does not pickle."""
+
+    def __init__(self) -> None:
+        super().__init__("box", "discrete")
+        self.metadata = {"render_modes": [], "hook": lambda: None}
+
+
+def make_lambda_metadata_env() -> gym.Env:
+    return LambdaMetadataEnv()
+
+
+class UnevenInfoEnv(SpacesEnv):
+    """Infos whose values differ in type and length from env to env: an int in even envs and a
+    float in odd ones, arrays whose length depends on the env and the step, and bools."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        score = self._t * 3 if self.tag % 2 == 0 else self._t + 0.75
+        info = dict(info, score=score, hits=np.arange(1 + (self.tag + self._t) % 3), ok=bool(self._t % 2))
+        return obs, reward, terminated, truncated, info
+
+
+def make_uneven_info_env(index: int = 0) -> gym.Env:
+    return TimeLimit(UnevenInfoEnv("box", "discrete", tag=index), max_episode_steps=6 + index)

@@ -1,0 +1,279 @@
+"""Messages through the workers' pipes: larger than a socket's buffer, failing to pickle or to
+unpickle on either side, a worker's ``sys.exit()``, and interrupts while a command is being
+posted.  Each of these once hung, lost the error's type, or left an answer in a pipe that the
+next call took for its own (protocol: ``shmvec/_protocol.py``, step 6b and "Rare commands").
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import faultenvs
+import testenvs
+from shmvec import BrokenVecEnvError, RemoteEnvError, ShmVecEnv, TooManyRestartsError, WorkerDiedError
+from shmvec import _protocol as P
+
+# Far more than a Unix socket's buffer (about 200 KB here): sent at the wrong moment, it deadlocks.
+HUGE = 2_000_000
+
+
+def _pipe_envs(n: int = 4, bad: int | None = None, **kwargs) -> list:
+    return [functools.partial(testenvs.make_pipe_env, i, **(kwargs if bad in (None, i) else {})) for i in range(n)]
+
+
+def _env(fns: list, **kwargs) -> ShmVecEnv:
+    kwargs.setdefault("timeout", 30.0)  # a regression shows as WorkerTimeoutError, not as a hung suite
+    return ShmVecEnv(fns, n_workers=2, start_method="fork", **kwargs)
+
+
+def _actions(n: int = 4) -> np.ndarray:
+    return np.zeros(n, dtype=np.int64)
+
+
+@pytest.mark.parametrize("mailbox_bytes", [4096, None])
+def test_infos_larger_than_the_mailbox_and_the_pipe_buffer_arrive(mailbox_bytes):
+    kwargs = {} if mailbox_bytes is None else {"mailbox_bytes": mailbox_bytes}
+    env = _env(_pipe_envs(how="info", at=2, huge=HUGE), **kwargs)
+    try:
+        env.reset()
+        env.step(_actions())
+        _, _, _, infos = env.step(_actions())
+        for i, info in enumerate(infos):
+            assert info["blob"].shape == (HUGE // 8,) and (info["blob"] == i).all()
+        env.step(_actions())  # and the pipes are in step afterwards
+        assert env.get_attr("tag") == [0, 1, 2, 3]
+    finally:
+        env.close()
+
+
+def test_an_exception_larger_than_the_pipe_buffer_arrives_as_itself():
+    env = _env(_pipe_envs(bad=3, how="raise", at=2, huge=HUGE))
+    try:
+        env.reset()
+        env.step(_actions())
+        with pytest.raises(RuntimeError, match="a large exception") as info:
+            env.step(_actions())
+        assert info.value.args[1].shape == (HUGE // 8,)
+        assert any("env 3" in note and "step" in note for note in info.value.__notes__)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("method", ["set_attr", "env_method"])
+def test_rare_commands_carry_arguments_larger_than_the_pipe_buffer(method):
+    env = _env(_pipe_envs())
+    try:
+        blob = b"x" * HUGE
+        if method == "set_attr":
+            env.set_attr("payload", blob)
+            assert [len(x) for x in env.get_attr("payload")] == [HUGE] * 4
+        else:
+            assert env.env_method("size_of", blob, indices=[1, 2]) == [HUGE, HUGE]
+        env.reset()
+        env.step(_actions())
+    finally:
+        env.close()
+
+
+def test_sys_exit_in_an_env_step_is_an_error_of_that_env_not_an_exit():
+    env = _env(_pipe_envs(bad=2, how="exit", at=2))
+    try:
+        env.reset()
+        env.step(_actions())
+        with pytest.raises(RemoteEnvError) as info:
+            env.step(_actions())
+        assert info.value.type_name == "builtins.SystemExit" and info.value.message == "5"
+        assert any("env 2" in note and "step" in note for note in info.value.__notes__)
+        assert "sys.exit(5)" in info.value.__cause__.tb
+        with pytest.raises(BrokenVecEnvError):
+            env.step(_actions())
+    finally:
+        env.close()
+
+
+def test_sys_exit_in_env_method_is_the_answer_and_the_env_stays_usable():
+    env = _env(_pipe_envs())
+    try:
+        with pytest.raises(RemoteEnvError, match="SystemExit") as info:
+            env.env_method("exit_now", indices=[3])
+        assert any("env 3" in note and "env_method" in note for note in info.value.__notes__)
+        assert all(p.is_alive() for p in env._res.processes)
+        env.reset()
+        env.step(_actions())
+        assert env.get_attr("tag") == [0, 1, 2, 3]
+    finally:
+        env.close()
+
+
+def test_an_argument_that_does_not_unpickle_in_the_worker_is_the_answer():
+    env = _env(_pipe_envs())
+    try:
+        with pytest.raises(LookupError, match="only the worker") as info:
+            env.set_attr("thing", testenvs.RaiseOnLoad(), indices=[0])
+        assert any("set_attr" in note for note in info.value.__notes__)
+        assert env.get_attr("tag") == [0, 1, 2, 3]  # no answer was left behind in a pipe
+    finally:
+        env.close()
+
+
+def test_an_argument_that_does_not_pickle_is_refused_before_anything_is_posted():
+    env = _env(_pipe_envs())
+    try:
+        with pytest.raises(Exception, match="pickle"):
+            env.set_attr("thing", lambda: None if False else __import__("threading").Lock())
+        assert env.get_attr("tag") == [0, 1, 2, 3]
+    finally:
+        env.close()
+
+
+def test_an_answer_that_does_not_unpickle_here_names_the_worker_and_leaves_the_env_usable():
+    env = _env(_pipe_envs())
+    try:
+        with pytest.raises(LookupError) as info:
+            env.env_method("unloadable", indices=[0, 3])
+        assert any("worker 0" in note and "env_method" in note and "unpickle" in note for note in info.value.__notes__)
+        assert env.env_method("size_of", "abc") == [3] * 4  # both workers' answers were read
+        env.reset()
+        env.step(_actions())
+    finally:
+        env.close()
+
+
+def test_an_exception_whose_str_raises_still_arrives():
+    env = _env(_pipe_envs(bad=1, how="bad_str", at=1))
+    try:
+        env.reset()
+        with pytest.raises(testenvs.BadStrError) as info:
+            env.step(_actions())
+        assert any("env 1" in note for note in info.value.__notes__)
+    finally:
+        env.close()
+
+
+def test_a_reward_numpy_cannot_convert_names_its_env():
+    env = _env(_pipe_envs(bad=3, how="reward", at=2))
+    try:
+        env.reset()
+        env.step(_actions())
+        with pytest.raises(ValueError) as info:
+            env.step(_actions())
+        assert any("env 3" in note and "step" in note for note in info.value.__notes__)
+    finally:
+        env.close()
+
+
+def test_metadata_that_does_not_pickle_fails_construction_saying_so():
+    with pytest.raises(Exception) as info:
+        _env([testenvs.make_lambda_metadata_env] * 2)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "metadata" in notes and "env construction" in notes, (info.value, notes)
+
+
+class _InterruptAfter:
+    """Stands in for the shared words and raises KeyboardInterrupt at the n-th store (a Ctrl-C
+    landing between two bytecodes of a post)."""
+
+    def __init__(self, words, n: int) -> None:
+        self._words, self._left = words, n
+
+    def store(self, *args):
+        self._left -= 1
+        if self._left == 0:
+            raise KeyboardInterrupt
+        return self._words.store(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._words, name)
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_an_interrupt_while_a_step_is_posted_breaks_the_env(n):
+    env = _env(_pipe_envs())
+    try:
+        env.reset()
+        env.step(_actions())
+        words = env._words
+        env._words = _InterruptAfter(words, n)
+        with pytest.raises(KeyboardInterrupt):
+            env.step(_actions())
+        env._words = words
+        with pytest.raises(BrokenVecEnvError):
+            env.step(_actions())
+    finally:
+        env.close()
+
+
+def test_an_interrupt_while_a_rare_command_is_sent_breaks_the_env():
+    env = _env(_pipe_envs())
+    try:
+        conn = env._res.conns[1]
+
+        def interrupted(data):
+            raise KeyboardInterrupt
+
+        conn.send_bytes = interrupted  # worker 0 has its command and message; worker 1 is posted
+        with pytest.raises(KeyboardInterrupt):
+            env.get_attr("tag")
+        del conn.send_bytes
+        with pytest.raises(BrokenVecEnvError):
+            env.get_attr("tag")  # never worker 0's stale answer
+    finally:
+        env.close()
+
+
+def test_an_interrupt_during_close_still_stops_every_worker():
+    fns = [functools.partial(faultenvs.make_crash_env, i, **({"at": 0, "how": "hang", "where": "close"} if i == 0
+                                                              else {})) for i in range(4)]
+    env = ShmVecEnv(fns, n_workers=2, start_method="fork")
+    env.reset()
+    procs = list(env._res.processes)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)  # worker 0 hangs in env.close(): close() joins it
+    try:
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            env.close()
+        assert time.monotonic() - start < 4.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert all(p._closed for p in procs)  # terminated, reaped and closed before the interrupt went on
+    env.close()  # nothing left to do
+
+
+def test_two_workers_failing_past_max_restarts_count_no_restart():
+    fns = _pipe_envs(how="raise", at=2, huge=1000)
+    env = ShmVecEnv(fns, n_workers=2, start_method="fork", on_failure="restart", max_restarts=1)
+    try:
+        env.reset()
+        env.step(_actions())
+        with pytest.raises(TooManyRestartsError, match="2 workers failed"):
+            env.step(_actions())
+        assert env.restarts == 0
+    finally:
+        env.close()
+
+
+def test_a_worker_exiting_instead_of_answering_is_reported_as_died():
+    env = _env(_pipe_envs())
+    try:
+        w = 1
+        env._seq[w] = (env._seq[w] + 1) & 0xFFFFFFFF  # an unknown command code: the worker loop fails
+        env._words.store(P.word(w, P.CMD), 99)
+        env._words.store(P.word(w, P.CMD_SEQ), env._seq[w])
+        env._words.wake(P.word(w, P.CMD_SEQ))
+        with pytest.raises(WorkerDiedError, match="worker 1 .* exited during get_attr without answering"):
+            env._recv(w, "get_attr", "")
+        with pytest.raises(BrokenVecEnvError):
+            env.get_attr("tag")
+    finally:
+        env.close()
