@@ -86,19 +86,25 @@ def make_fast_copies(action_space: spaces.Space, paths: list[tuple], policy: str
 
 
 def exact_integers(arr: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
-    """``arr`` (floats) as ``dtype`` (integers) if every value is a whole number that fits, else None.
+    """``arr`` (floats, integers or bools) as ``dtype`` (integers) if every value is a whole
+    number that fits, else None.
 
-    SB3's PPO sends MultiBinary actions as float32 0.0/1.0 (Bernoulli samples); they cast exactly.
-    Only called when the dtypes differ, never on the usual path.
+    SB3's PPO sends MultiBinary actions as float32 0.0/1.0 (Bernoulli samples), and numpy's
+    default int64 reaches uint8 or uint16 spaces (a MultiDiscrete of dtype uint8, a list of
+    Python ints): they cast exactly, as DummyVecEnv would hand them over.  Only called when the
+    dtypes differ and numpy calls the cast unsafe, never on the usual path.
     """
-    if arr.dtype.kind != "f" or dtype.kind not in "iu":
+    if arr.dtype.kind not in "fiub" or dtype.kind not in "iu":
         return None
     if arr.size:
         info = np.iinfo(dtype)
-        with np.errstate(invalid="ignore"):
-            if not (np.isfinite(arr).all() and (arr == np.rint(arr)).all()
-                    and arr.min() >= info.min and arr.max() <= info.max):
-                return None
+        if arr.dtype.kind == "f":
+            with np.errstate(invalid="ignore"):
+                if not (np.isfinite(arr).all() and (arr == np.rint(arr)).all()
+                        and arr.min() >= info.min and arr.max() <= info.max):
+                    return None
+        elif arr.dtype.kind != "b" and not (int(arr.min()) >= info.min and int(arr.max()) <= info.max):
+            return None
     return arr.astype(dtype)
 
 
@@ -182,4 +188,17 @@ def _leaf_check(space: spaces.Space, path: tuple, policy: str) -> Check | None:
                             f"expected {expected}.", bad)
 
         return check_range
+    return None
+
+
+def rows_reshaped(arr: np.ndarray, n_rows: int, row_shape: tuple) -> np.ndarray | None:
+    """``arr`` as ``(n_rows, *row_shape)`` when that keeps each env's row intact: the leading
+    dimension is ``n_rows`` (``(n, 1)`` for ``(n,)``, and the like), or one env's unbatched
+    action when ``n_rows`` is 1.  None otherwise: a reshape of ``(act_dim, n_envs)`` (transposed)
+    would hand each env a mix of several envs' actions without a word."""
+    shape = (n_rows, *row_shape)
+    if arr.size != int(np.prod(shape, dtype=np.int64)):
+        return None
+    if (arr.ndim >= 1 and arr.shape[0] == n_rows) or (n_rows == 1 and arr.shape == tuple(row_shape)):
+        return arr.reshape(shape)
     return None

@@ -32,6 +32,7 @@ from gymnasium.vector.utils import batch_space
 
 from shmvec import _pool
 from shmvec import _protocol as P
+from shmvec._actions import exact_integers, rows_reshaped
 from shmvec._core import IndexQueue, load_result
 from shmvec._errors import ShmVecEnvError, WorkerTimeoutError
 from shmvec._layout import close_mapping, make_gather
@@ -406,11 +407,15 @@ class ShmEnvPool:
             shape = (ids.size, *leaf.shape)
             where = "".join(f"[{k!r}]" for k in leaf.path)
             if arr.shape != shape:
-                if arr.size != int(np.prod(shape, dtype=np.int64)):
-                    raise ValueError(f"actions{where} have shape {arr.shape}; expected {shape} (one row per env id)")
-                arr = arr.reshape(shape)
+                rows = rows_reshaped(arr, ids.size, leaf.shape)
+                if rows is None:
+                    raise ValueError(f"actions{where} have shape {arr.shape}; expected {shape} (one row per env id, first)")
+                arr = rows
             if arr.dtype != leaf.dtype and not np.can_cast(arr.dtype, leaf.dtype, "same_kind"):
-                raise ValueError(f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype}")
+                exact = exact_integers(arr, leaf.dtype)  # as ShmVecEnv: whole floats, integers that fit
+                if exact is None:
+                    raise ValueError(f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype}")
+                arr = exact
             views.act[leaf.path][ids] = arr.astype(leaf.dtype, copy=False)
 
     def _rows(self, engine: _Engine, idx: np.ndarray):

@@ -28,7 +28,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices,
 
 from shmvec import _masks
 from shmvec import _protocol as P
-from shmvec._actions import INVALID_ACTIONS, exact_integers, make_action_checks, make_fast_copies
+from shmvec._actions import INVALID_ACTIONS, exact_integers, make_action_checks, make_fast_copies, rows_reshaped
 from shmvec._core import Words, copy_actions, current_cpu, load_result, step_infos
 from shmvec._errors import (
     AlreadyPendingCallError,
@@ -745,21 +745,22 @@ class ShmVecEnv(Recovery, VecEnv):
         arr = np.asarray(value)
         shape = (self.num_envs, *leaf.shape)
         if arr.shape != shape:
-            if arr.size == int(np.prod(shape, dtype=np.int64)):
-                arr = arr.reshape(shape)
-            else:
+            rows = rows_reshaped(arr, self.num_envs, leaf.shape)
+            if rows is None:
                 where = "".join(f"[{k!r}]" for k in leaf.path)
                 raise ValueError(
                     f"actions{where} have shape {arr.shape}; expected {shape} "
-                    f"(n_envs={self.num_envs} x the action space's {leaf.shape})"
+                    f"(n_envs={self.num_envs} x the action space's {leaf.shape}; one row per env, first)"
                 )
+            arr = rows
         if arr.dtype != leaf.dtype and not np.can_cast(arr.dtype, leaf.dtype, "same_kind"):
             exact = exact_integers(arr, leaf.dtype)  # whole floats, as SB3 sends MultiBinary actions
             if exact is None:
                 where = "".join(f"[{k!r}]" for k in leaf.path)
                 raise ValueError(
                     f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype} "
-                    "(floats are accepted for an integer space only when every value is a whole number that fits)")
+                    "(floats or other integers are accepted for an integer space only when every value is a whole "
+                    "number that fits)")
             arr = exact
         check = self._act_checks.get(leaf.path)
         if check is not None:

@@ -375,6 +375,19 @@ def test_box_actions_and_wrong_box_shape(build):
         env.step(np.zeros((3, 3), dtype=np.float32))
 
 
+def test_transposed_box_actions_are_refused_not_reshaped(build):
+    """(act_dim, n_envs) has the right size, but a reshape would hand each env a mix of several
+    envs' actions; a leading dimension of n_envs keeps each row intact and is reshaped."""
+    env = build(testenvs.bare_env_fns(3, act_kind="box"), n_workers=2)  # Box (2,) actions, 3 envs
+    env.reset()
+    rows = np.arange(6, dtype=np.float32).reshape(3, 2) / 10
+    with pytest.raises(ValueError, match="one row per env, first"):
+        env.step(rows.T.copy())  # (2, 3)
+    assert not env.waiting
+    env.step(rows.reshape(3, 1, 2))  # rows intact: accepted
+    np.testing.assert_array_equal(env._views.act[()], rows)
+
+
 # ---------------------------------------------------------------------------------------------
 # Construction errors
 # ---------------------------------------------------------------------------------------------

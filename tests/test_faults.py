@@ -292,6 +292,24 @@ def test_whole_float_actions_for_integer_spaces_are_accepted_like_sb3_sends_them
         env.close()
 
 
+def test_integer_actions_of_another_dtype_are_accepted_when_they_fit():
+    """numpy's default int64 (or a list of Python ints) for a uint8 MultiDiscrete: DummyVecEnv hands
+    them over, so they are cast when every value fits the buffer's dtype, and refused otherwise."""
+    env = _bare("multidiscrete_u8", n=2)
+    try:
+        env.reset()
+        env.step(np.array([[1, 199], [0, 7]], dtype=np.int64))
+        np.testing.assert_array_equal(env._views.act[()], [[1, 199], [0, 7]])
+        assert env._views.act[()].dtype == np.uint8
+        env.step([[0, 3], [1, 150]])
+        with pytest.raises(ValueError, match="dtype int64"):
+            env.step(np.array([[0, 300], [1, 0]]))  # 300 does not fit uint8 (it would wrap to 44)
+        with pytest.raises(ValueError, match="dtype int64"):
+            env.step(np.array([[0, -1], [1, 0]]))
+    finally:
+        env.close()
+
+
 def test_discrete_with_a_start_checks_its_own_range():
     space = spaces.Discrete(3, start=-1)
     check = make_action_checks(space, [()], "raise")[()]

@@ -81,6 +81,8 @@ def make_act_space(kind: str) -> spaces.Space:
         return spaces.MultiDiscrete([2, 3])
     if kind == "multibinary":
         return spaces.MultiBinary(3)
+    if kind == "multidiscrete_u8":
+        return spaces.MultiDiscrete([2, 200], dtype=np.uint8)
     raise ValueError(f"unknown action kind {kind!r}")
 
 
