@@ -8,6 +8,14 @@ env's ``reset``/``step`` (after the automatic reset that ends an episode, as
 shape ``(n_envs, mask_size)`` in the shared block; the parent answers
 ``env_method("action_masks")`` from that buffer without talking to anyone.
 
+By default (``action_masks=None``) the buffer exists from the start but the
+workers write nothing until masks are first asked for: the parent then sends
+one "action_masks" pipe command, each worker writes its envs' current masks and
+goes on after every step and reset.  Until then no ``action_masks()`` runs, as
+with ``DummyVecEnv``: a mask method with side effects (one that draws from
+``np_random``) must not change the episodes of an algorithm that never asks.
+A restarted worker attaches with the state the parent has.
+
 A mask is flat, as ``MaskablePPO`` flattens it anyway: ``n`` entries for
 ``Discrete(n)``, ``sum(nvec)`` for ``MultiDiscrete(nvec)``, ``2 * n`` for
 ``MultiBinary(n)`` (MaskablePPO's layout for each of them).  This module

@@ -328,7 +328,8 @@ class Recovery:
                                  f"{ours}: its factory must build envs with the same spaces every time.")
         layout = self._layout
         conn = res.conns[w]
-        conn.send(("attach_fd", (layout.n_envs, self.n_workers, layout.mailbox_bytes, layout.mask_size)))
+        conn.send(("attach_fd", (layout.n_envs, self.n_workers, layout.mailbox_bytes, layout.mask_size,
+                                 self._masks_live)))
         reduction.send_handle(conn, res.shm._fd, res.processes[w].pid)
 
     def _reset_restarted(self, workers: list[int], command: str) -> dict[int, dict]:

@@ -140,18 +140,20 @@ class _Worker:
                           P.AUTORESET_DISABLED: self._step_next_reset}[autoreset]
         self.finished = [False] * (self.stop - self.start)  # NEXT_STEP: envs to reset on the next step
         self.pool: Any = None  # the asynchronous pool's server (shmvec._pool), once attached
-        self.masks: Any = None  # action masks (shmvec._masks), once attached with them on
-        self.masks_ready = False  # True once a reset has written them
+        self.masks: Any = None  # the action mask buffer (shmvec._masks), when the block has one
+        self.masks_on = False  # write masks after every step/reset (on from the start, or at "masks_on")
+        self.was_reset = False  # True once a reset ran: before it the envs have no masks to write
 
     # ---- set-up --------------------------------------------------------------------------------
     def attach(self, shm_name: str | None, n_envs: int, n_workers: int, mailbox_bytes: int, mask_size: int = 0,
-               fd: int | None = None) -> None:
+               masks_on: bool = True, fd: int | None = None) -> None:
         """Maps the block by name, or (a restarted worker: the name is gone) from the descriptor ``fd``."""
         env = self.envs[0]
         self.shm = SharedMemory(name=shm_name) if fd is None else FdSegment(fd)
         layout = Layout(env.observation_space, env.action_space, n_envs, n_workers, mailbox_bytes, mask_size)
         views = layout.views(self.shm.buf)
-        self.masks = views.mask  # None unless action masks are on
+        self.masks = views.mask  # None unless the block has a mask buffer
+        self.masks_on = masks_on and self.masks is not None
         self.words = Words(self.shm.buf, layout.ctrl_offset, layout.ctrl_words)
         self.mailbox_bytes = mailbox_bytes
         self.mailbox = memoryview(views.mailbox[self.index])
@@ -329,7 +331,7 @@ class _Worker:
                     self.rew[start + j], self.terminated[start + j], self.truncated[start + j] = values
                 self.current = None
                 raise
-        if self.masks is not None:
+        if self.masks_on:
             self._write_masks(range(start, stop))
 
     def _write_masks(self, indices: Any) -> None:
@@ -389,9 +391,9 @@ class _Worker:
             if reset_info:
                 items.append((i, reset_info))
         self.current = None
-        if self.masks is not None:
+        self.was_reset = True
+        if self.masks_on:
             self._write_masks(range(self.start, self.stop))
-            self.masks_ready = True
         return items
 
     def _pipe_command(self) -> None:
@@ -436,6 +438,12 @@ class _Worker:
                 out.append(_is_wrapped(env, args[1]))
             elif name == "render":
                 out.append(env.render())
+            elif name == "action_masks":  # the parent's first ask for masks: now, then after every step
+                if not self.masks_on and self.masks is not None:
+                    if self.was_reset:
+                        self._write_masks(range(self.start, self.stop))  # raises: still off, asked again
+                    self.masks_on = True
+                out.append(None)
             elif name == "pool_attach":  # once per worker: attach the pool's segment (shmvec._pool)
                 from shmvec._pool import PoolServer
 
@@ -443,7 +451,7 @@ class _Worker:
                 out.append(None)
             else:
                 raise ShmVecEnvError(f"unknown command {name!r}")
-        if self.masks is not None and self.masks_ready and name in ("set_attr", "env_method"):
+        if self.masks_on and self.was_reset and name in ("set_attr", "env_method"):
             self._write_masks(indices)  # the call may have changed what the envs allow
         return out
 

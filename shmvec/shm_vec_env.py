@@ -260,7 +260,10 @@ class ShmVecEnv(Recovery, VecEnv):
         calls it every step) from shared memory: the workers call ``action_masks()`` after every
         reset and step and write it into a bool buffer, and the parent answers without a pipe
         round trip (see :mod:`shmvec._masks`).  None (default): on when every env has an
-        ``action_masks`` method and the action space is Discrete, MultiDiscrete or MultiBinary.
+        ``action_masks`` method and the action space is Discrete, MultiDiscrete or MultiBinary,
+        from the first time masks are asked for (``env_method("action_masks")`` or
+        :meth:`action_masks`): until then no ``action_masks()`` is called, as with
+        ``DummyVecEnv`` (a plain PPO on such envs calls none).  True: on from the start.
         False: off (``env_method("action_masks")`` goes through the pipe like any other call).
 
     :raises TypeError: ``env_fns`` holds something that is not callable (an env instance).
@@ -345,6 +348,7 @@ class ShmVecEnv(Recovery, VecEnv):
         self._parent_spin = max(0.0, parent_us) * 1e-6
         self._worker_spin = max(0.0, worker_us) * 1e-6
         self._want_masks = action_masks
+        self._masks_live = action_masks is True  # workers write masks (None: from the first ask)
 
         payloads = [self._pickle_factories(env_fns, sl) for sl in self.slices]
         self._payloads, self._worker_threads = payloads, worker_threads  # kept to restart a worker
@@ -414,7 +418,8 @@ class ShmVecEnv(Recovery, VecEnv):
 
         # Handshake 2: every worker attaches; then the name is unlinked, so no segment outlives us.
         for conn in res.conns:
-            conn.send(("attach", (res.shm.name, layout.n_envs, self.n_workers, mailbox_bytes, mask_size)))
+            conn.send(("attach", (res.shm.name, layout.n_envs, self.n_workers, mailbox_bytes, mask_size,
+                                  self._masks_live)))
         for w in range(self.n_workers):
             self._recv(w, "attach", _BROKEN_HINT)
         res.unlink()
@@ -656,6 +661,9 @@ class ShmVecEnv(Recovery, VecEnv):
             )
         if self.waiting:
             raise AlreadyPendingCallError("action_masks() while a step is in flight: call step_wait() first")
+        if not self._masks_live:  # the first ask: the workers write them now, and after every step
+            self._pipe_call("action_masks", None, ())
+            self._masks_live = True
         if indices is None:
             return self._views.mask.copy()
         return self._views.mask[list(self._get_indices(indices))]

@@ -97,6 +97,7 @@ class MaskedEnv(gym.Env):
         self.observation_space = spaces.Box(0.0, 1.0, shape=(2 * n,), dtype=np.float32)
         self.action_space = spaces.MultiDiscrete([n, 3]) if multi else spaces.Discrete(n)
         self.blocked: int | None = None
+        self.mask_calls = 0
         self._mask = np.ones(n, dtype=bool)
         self._target = 0
 
@@ -113,6 +114,7 @@ class MaskedEnv(gym.Env):
         return np.concatenate([self._mask.astype(np.float32), onehot])
 
     def action_masks(self) -> np.ndarray:
+        self.mask_calls += 1
         if self.multi:
             return np.concatenate([self._mask, [True, True, False]])
         return self._mask.copy()
@@ -130,6 +132,18 @@ class MaskedEnv(gym.Env):
 
 def make_masked_env(index: int = 0, n: int = 5, multi: bool = False, max_steps: int = 30) -> gym.Env:
     return Monitor(TimeLimit(MaskedEnv(n, multi, index), max_episode_steps=max_steps + index))
+
+
+class DrawingMaskedEnv(MaskedEnv):
+    """``action_masks()`` draws from ``np_random``: each call changes the rest of the episode."""
+
+    def action_masks(self) -> np.ndarray:
+        self.np_random.random()
+        return super().action_masks()
+
+
+def make_drawing_masked_env(index: int = 0) -> gym.Env:
+    return TimeLimit(DrawingMaskedEnv(5, False, index), max_episode_steps=30 + index)
 
 
 def masked_env_fns(n_envs: int, **kwargs: Any) -> list:

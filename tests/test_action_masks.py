@@ -59,6 +59,35 @@ def test_masks_equal_dummy_vec_env_step_by_step(multi, n_workers):
         close_all(env, ref)
 
 
+def test_no_mask_is_computed_until_masks_are_asked_for():
+    """A plain PPO never asks: with the default option no action_masks() runs (one that draws from
+    np_random would otherwise change every episode); from the first ask on they come from the buffer,
+    called as often, and in the same places, as DummyVecEnv calls them."""
+    fns = [functools.partial(sb3envs.make_drawing_masked_env, i) for i in range(5)]
+    ref, env = _pair(fns, n_workers=2)
+    try:
+        assert env.masks_in_shm
+        ref.seed(4)
+        env.seed(4)
+        assert_same(env.reset(), ref.reset())
+        rng = np.random.default_rng(1)
+        for t in range(40):
+            if t >= 20:  # MaskablePPO's loop from here on
+                masks = get_action_masks(env)
+                assert_same(masks, get_action_masks(ref), f"step {t} masks")
+                actions = _valid_actions(masks, 5, rng, False)
+            else:
+                actions = rng.integers(0, 5, size=5)
+            assert_same(env.step(actions), ref.step(actions), f"step {t}")
+            if t == 19:
+                assert env.get_attr("mask_calls") == [0] * 5
+        # The workers wrote the masks after the last step already; DummyVecEnv calls at the ask.
+        assert_same(get_action_masks(env), get_action_masks(ref), "masks after the last step")
+        assert env.get_attr("mask_calls") == ref.get_attr("mask_calls") == [21] * 5
+    finally:
+        close_all(env, ref)
+
+
 def test_set_attr_and_env_method_refresh_the_masks():
     fns = sb3envs.masked_env_fns(4)
     ref, env = _pair(fns, n_workers=2)
@@ -141,11 +170,21 @@ def _wrong_size_env(i: int):
     return _WrongSizeMask(index=i)
 
 
-def test_wrong_mask_size_names_the_env():
-    env = ShmVecEnv([functools.partial(_wrong_size_env, i) for i in range(3)], n_workers=1, start_method="fork")
+@pytest.mark.parametrize("option", [None, True])
+def test_wrong_mask_size_names_the_env(option):
+    """With masks on from the start the reset raises; by default the first ask does, and every ask
+    after it (the masks are not turned on half way)."""
+    env = ShmVecEnv([functools.partial(_wrong_size_env, i) for i in range(3)], n_workers=1, start_method="fork",
+                    action_masks=option)
     try:
-        with pytest.raises(ObservationError, match=r"(?s)needs 5.*raised by env 0") as info:
+        if option:
+            with pytest.raises(ObservationError, match=r"(?s)needs 5.*raised by env 0.*during reset") as info:
+                env.reset()
+        else:
             env.reset()
+            for _ in range(2):
+                with pytest.raises(ObservationError, match=r"(?s)needs 5.*raised by env 0.*during action_masks") as info:
+                    get_action_masks(env)
         assert "action_masks()" in str(info.value)
     finally:
         env.close()
