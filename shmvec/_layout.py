@@ -17,6 +17,7 @@ import numpy as np
 from gymnasium import spaces
 
 from shmvec import _protocol as P
+from shmvec._actions import exact_integers
 from shmvec._core import RowWriter
 from shmvec._errors import ObservationError, SpaceError
 
@@ -243,7 +244,13 @@ def _scatter(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], wh
             if value.shape != shape:
                 raise ObservationError(f"{field} has shape {value.shape}, the space declares {shape}")
             if value.dtype != dtype and not np.can_cast(value.dtype, dtype, "same_kind"):
-                raise ObservationError(f"{field} has dtype {value.dtype}, which does not cast to the space's {dtype}")
+                # int64 pixels for a uint8 Box (DummyVecEnv casts them): taken when every value fits
+                exact = exact_integers(value, dtype)
+                if exact is None:
+                    raise ObservationError(
+                        f"{field} has dtype {value.dtype}, which does not cast to the space's {dtype} (other "
+                        "integers, and whole floats, are taken only when every value fits)")
+                value = exact
         elif np.shape(value) != shape:
             raise ObservationError(f"{field} has shape {np.shape(value)}, the space declares {shape}")
         arr[i] = value

@@ -375,6 +375,29 @@ def test_box_actions_and_wrong_box_shape(build):
         env.step(np.zeros((3, 3), dtype=np.float32))
 
 
+def test_int64_pixels_for_a_uint8_space_are_taken_when_they_fit(build):
+    """DummyVecEnv casts them (wrapping 300 to 44 without a word); shmvec takes them when every value
+    fits, equal to DummyVecEnv's, and names the env otherwise."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    fns = [testenvs.make_wide_int_pixels_env] * 3
+    ref = DummyVecEnv(fns)
+    env = build(fns, n_workers=2)
+    try:
+        assert_same(env.reset(), ref.reset(), strict_dtype=True)
+        for t in range(10):
+            out, out_ref = env.step(np.array([0, 1, 0])), ref.step(np.array([0, 1, 0]))
+            assert_same(out[:3], out_ref[:3], f"step {t}", strict_dtype=True)
+            assert_same(out[3], out_ref[3], f"step {t} infos")  # terminal_observation: the space's dtype
+    finally:
+        ref.close()
+    bad = build([functools.partial(testenvs.make_wide_int_pixels_env, wrap_at=2)] * 2, n_workers=1)
+    bad.reset()
+    bad.step(np.array([0, 0]))
+    with pytest.raises(ObservationError, match=r"(?s)dtype int64.*env 0"):
+        bad.step(np.array([0, 0]))
+
+
 def test_transposed_box_actions_are_refused_not_reshaped(build):
     """(act_dim, n_envs) has the right size, but a reshape would hand each env a mix of several
     envs' actions; a leading dimension of n_envs keeps each row intact and is reshaped."""

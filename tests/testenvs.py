@@ -588,3 +588,32 @@ class UnevenInfoEnv(SpacesEnv):
 
 def make_uneven_info_env(index: int = 0) -> gym.Env:
     return TimeLimit(UnevenInfoEnv("box", "discrete", tag=index), max_episode_steps=6 + index)
+
+
+class WideIntPixelsEnv(gym.Env):
+    """A uint8 image Box whose observations come as int64 arrays (as ``np.array(list_of_ints)``
+    gives); pixel values run to ``top``, and one is 300 from step ``wrap_at`` on, when given."""
+
+    def __init__(self, top: int = 255, wrap_at: int | None = None) -> None:
+        self.observation_space = spaces.Box(0, 255, shape=(2, 3), dtype=np.uint8)
+        self.action_space = spaces.Discrete(2)
+        self.top, self.wrap_at, self._t = top, wrap_at, 0
+
+    def _obs(self) -> np.ndarray:
+        pixels = (np.arange(6, dtype=np.int64).reshape(2, 3) * 37 + self._t * 11) % (self.top + 1)
+        if self.wrap_at is not None and self._t >= self.wrap_at:
+            pixels[1, 2] = 300
+        return pixels
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self._t += 1
+        return self._obs(), float(action), self._t % 7 == 0, False, {}
+
+
+def make_wide_int_pixels_env(wrap_at: int | None = None) -> gym.Env:
+    return WideIntPixelsEnv(wrap_at=wrap_at)
