@@ -128,8 +128,12 @@ class ShmVecEnvPool(VecEnv):
             raise NoAsyncCallError("step_wait() without a preceding step_async()")
         try:
             obs, rewards, terminated, truncated, vinfos = pool.recv()
-        finally:
+        except KeyboardInterrupt:
+            raise  # still in flight: step_wait() again resumes (ShmEnvPool.recv keeps what arrived)
+        except BaseException:
             self.waiting = False
+            raise
+        self.waiting = False
         prev_obs = dict(self._last_obs)
         obs, ids, order = self._sorted(obs, vinfos)
         rewards, terminated, truncated = rewards[order], terminated[order], truncated[order]

@@ -298,6 +298,36 @@ def test_sb3_pool_rare_calls_touch_only_the_envs_in_indices():
         close_all(env, ref)
 
 
+def test_sb3_pool_step_wait_resumes_after_ctrl_c():
+    """Ctrl-C in step_wait (SB3's face has no recv() to resume with): the step stays in flight, and
+    step_wait() again returns it, envs and all."""
+    import signal
+
+    from shmvec.vec_env_pool import ShmVecEnvPool
+
+    fns = [functools.partial(testenvs.make_slow_spaces_env, 0.3, i) for i in range(4)]
+    env = ShmVecEnvPool(fns, n_workers=2, start_method="fork")
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        env.reset()
+        env.step_async(np.zeros(4, dtype=np.int64))
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(KeyboardInterrupt):
+            env.step_wait()
+        assert env.waiting
+        obs, rewards, dones, infos = env.step_wait()
+        assert sorted(info["env_id"] for info in infos) == [0, 1, 2, 3]
+        env.step(np.zeros(4, dtype=np.int64))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        env.close()
+
+
 def test_pool_info_too_large_for_the_codec_goes_pickled():
     """A message the codec cannot fit in the slot is pickled when the pickle fits (shared strings)."""
     fns = [functools.partial(testenvs.make_repeated_text_info_env, i) for i in range(2)]
