@@ -173,6 +173,19 @@ def find_leaks(before: Snapshot, grace_s: float = GRACE_S) -> list[str]:
         time.sleep(0.05)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_tempdir(tmp_path_factory):
+    """Every ``model.learn()`` makes an (empty) ``SB3-<date>`` logger folder in the temp dir;
+    thousands of runs of the suite left thousands in /tmp.  They go to pytest's own temp
+    folder instead, which pytest prunes (it keeps the last three runs)."""
+    import tempfile
+
+    before = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path_factory.mktemp("tempdir"))
+    yield
+    tempfile.tempdir = before
+
+
 @pytest.fixture(autouse=True)
 def no_leaks(request):
     before = take_snapshot()
