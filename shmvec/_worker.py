@@ -141,7 +141,7 @@ class _Worker:
         self.finished = [False] * (self.stop - self.start)  # NEXT_STEP: envs to reset on the next step
         self.pool: Any = None  # the asynchronous pool's server (shmvec._pool), once attached
         self.masks: Any = None  # the action mask buffer (shmvec._masks), when the block has one
-        self.masks_on = False  # write masks after every step/reset (on from the start, or at "masks_on")
+        self.masks_on = False  # write masks after every step/reset (on from the start, or at the first "action_masks" pipe command)
         self.was_reset = False  # True once a reset ran: before it the envs have no masks to write
 
     # ---- set-up --------------------------------------------------------------------------------
