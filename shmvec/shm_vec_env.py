@@ -873,20 +873,23 @@ class ShmVecEnv(Recovery, VecEnv):
         assert res is not None
         dead = mp_wait(list(self._sentinels), timeout=0)
         if dead:
-            w = self._sentinels[dead[0]]
-            proc = res.processes[w]
             # The sentinel is ready once the process has closed its descriptors, which can be a
             # moment before it can be reaped: join(0) would often report it as "still running".
-            proc.join(_DIED_JOIN_S)
-            sl = self.slices[w]
-            err = WorkerDiedError(
-                f"worker {w} (envs {sl.start}..{sl.stop - 1}) died during {command} with "
-                f"{describe_exitcode(proc.exitcode)}. A native crash (SIGSEGV), the OOM killer (SIGKILL) or "
-                "os._exit in an env are the usual causes. " + _BROKEN_HINT,
-                worker=w, env_indices=sl, exitcode=proc.exitcode,
-            )
-            self._broken = err
-            raise err
+            raise self._died(self._sentinels[dead[0]], f"died during {command}", _DIED_JOIN_S,
+                             "A native crash (SIGSEGV), the OOM killer (SIGKILL) or os._exit in an env are the "
+                             "usual causes.")
+
+    def _died(self, w: int, what: str, join_s: float, why: str) -> WorkerDiedError:
+        """WorkerDiedError for worker w (once reaped, within ``join_s``), which breaks the vec env."""
+        proc = self._res.processes[w]  # type: ignore[union-attr]
+        proc.join(join_s)
+        sl = self.slices[w]
+        self._broken = err = WorkerDiedError(
+            f"worker {w} (envs {sl.start}..{sl.stop - 1}) {what} with {describe_exitcode(proc.exitcode)}. {why} "
+            + _BROKEN_HINT,
+            worker=w, env_indices=sl, exitcode=proc.exitcode,
+        )
+        return err
 
     def _wait_conn(self, w: int, command: str) -> None:
         """Blocks until worker w's pipe has data; raises if the worker dies or the timeout passes."""
@@ -940,20 +943,10 @@ class ShmVecEnv(Recovery, VecEnv):
     def _exited_instead(self, w: int, command: str, packed: dict | None) -> None:
         """Worker w sent its last message ("closed": it is exiting) where an answer to ``command``
         was awaited: WorkerDiedError with its exit code, and what its envs' close() raised."""
-        res = self._res
-        assert res is not None
-        proc = res.processes[w]
-        proc.join(_CLOSE_JOIN_S)
-        sl = self.slices[w]
-        err = WorkerDiedError(
-            f"worker {w} (envs {sl.start}..{sl.stop - 1}) exited during {command} without answering, with "
-            f"{describe_exitcode(proc.exitcode)}. The worker loop itself failed (see the cause, if any). "
-            + _BROKEN_HINT,
-            worker=w, env_indices=sl, exitcode=proc.exitcode,
-        )
+        err = self._died(w, f"exited during {command} without answering,", _CLOSE_JOIN_S,
+                         "The worker loop itself failed (see the cause, if any).")
         if packed is not None:
             err.__cause__ = unpack_exception(packed, _BROKEN_HINT)
-        self._broken = err
         raise err
 
     def _pipe_call(self, name: str, indices: VecEnvIndices, args: tuple) -> list[Any]:
