@@ -99,9 +99,11 @@ def exact_integers(arr: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
     if arr.size:
         info = np.iinfo(dtype)
         if arr.dtype.kind == "f":
+            # Bounds compared exactly, as Python floats: in float32, 2**31 would equal int32's max.
+            lo, hi = float(info.min), float(info.max) + 1.0  # hi: a power of two, exact
             with np.errstate(invalid="ignore"):
                 if not (np.isfinite(arr).all() and (arr == np.rint(arr)).all()
-                        and arr.min() >= info.min and arr.max() <= info.max):
+                        and float(arr.min()) >= lo and float(arr.max()) < hi):
                     return None
         elif arr.dtype.kind != "b" and not (int(arr.min()) >= info.min and int(arr.max()) <= info.max):
             return None

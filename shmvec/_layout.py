@@ -243,8 +243,9 @@ def _scatter(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], wh
         if type(value) is np.ndarray:
             if value.shape != shape:
                 raise ObservationError(f"{field} has shape {value.shape}, the space declares {shape}")
-            if value.dtype != dtype and not np.can_cast(value.dtype, dtype, "same_kind"):
-                # int64 pixels for a uint8 Box (DummyVecEnv casts them): taken when every value fits
+            if value.dtype != dtype and (dtype.kind in "iu" or not np.can_cast(value.dtype, dtype, "same_kind")):
+                # int64 pixels for a uint8 Box (DummyVecEnv casts them, wrapping 300 to 44): taken
+                # when every value fits (checked for every cast into an integer buffer)
                 exact = exact_integers(value, dtype)
                 if exact is None:
                     raise ObservationError(

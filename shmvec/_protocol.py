@@ -131,7 +131,9 @@ for the parent's death), runs it, and answers on the pipe; any exception,
 even a SystemExit from an env or an argument that does not unpickle in the
 worker, is the answer.  PENDING is not used.  An exception in the parent once
 a worker has been posted (Ctrl-C) marks the vec env broken: an answer left in
-a pipe would be taken for the next call's.
+a pipe would be taken for the next call's.  A worker waiting for a message
+that never comes watches CMD_SEQ meanwhile, so the CLOSE that follows reaches
+it at once.
 
 POOL (the asynchronous pool, shmvec._pool): a synchronous command like STEP
 whose body serves single envs from the worker's in queue until it pops STOP;
@@ -239,6 +241,10 @@ AUTORESET_SAME_STEP = "same_step"
 AUTORESET_NEXT_STEP = "next_step"
 AUTORESET_DISABLED = "disabled"
 AUTORESET_MODES = (AUTORESET_SAME_STEP, AUTORESET_NEXT_STEP, AUTORESET_DISABLED)
+
+# How often a worker waiting for a rare command's message (posted, not yet sent) checks for a
+# newer command: a parent interrupted between the post and the send closes it with CLOSE.
+PIPE_WAIT_POLL_S = 0.02
 
 # Default size of each worker's mailbox (bytes); larger results use the pipe.
 MAILBOX_BYTES = 1 << 20

@@ -226,7 +226,7 @@ class _Worker:
             elif cmd == P.Cmd.POOL:
                 self._sync_command(seen, "pool", self.pool.run)
             elif cmd == P.Cmd.PIPE:
-                self._pipe_command()
+                self._pipe_command(seen)
             elif cmd == P.Cmd.CLOSE:
                 return
             else:
@@ -396,10 +396,19 @@ class _Worker:
             self._write_masks(range(self.start, self.stop))
         return items
 
-    def _pipe_command(self) -> None:
-        # Posted first, sent after (protocol, "Rare commands"): wait for the message, and for
-        # the parent's death, which a fork-inherited copy of its end keeps EOF from showing.
-        data = _recv(self.conn, self.parent, raw=True)
+    def _pipe_command(self, seq: int) -> None:
+        # Posted first, sent after (protocol, "Rare commands"): wait for the message, for the
+        # parent's death (a fork-inherited copy of its end keeps EOF from showing), and for a
+        # newer command (the parent was interrupted before it sent the message, and closes us).
+        words = self.words
+        assert words is not None
+        seq_word = P.word(self.index, P.CMD_SEQ)
+        while not self.conn.poll(P.PIPE_WAIT_POLL_S):
+            if words.load(seq_word) != seq:
+                return  # the serve loop takes the newer command (CLOSE)
+            if not self.parent.alive():
+                raise EOFError("parent process died")
+        data = self.conn.recv_bytes()
         name = None  # not known until unpickled: the parent fills it in
         try:
             name, args = pickle.loads(data)  # an argument that does not unpickle here is the answer
@@ -444,6 +453,9 @@ class _Worker:
                         self._write_masks(range(self.start, self.stop))  # raises: still off, asked again
                     self.masks_on = True
                 out.append(None)
+            elif name == "action_masks_off":  # the first ask failed in another worker: all stay off
+                self.masks_on = False
+                out.append(None)
             elif name == "pool_attach":  # once per worker: attach the pool's segment (shmvec._pool)
                 from shmvec._pool import PoolServer
 
@@ -478,13 +490,12 @@ def _unbatch(space: gym.spaces.Space, batch: Any, n: int) -> list:
     return list(batch)
 
 
-def _recv(conn: Connection, parent: _ParentWatch, raw: bool = False) -> Any:
-    """conn.recv() (its bytes with ``raw``), giving up when the parent dies (fork copies make
-    EOF unreliable)."""
+def _recv(conn: Connection, parent: _ParentWatch) -> Any:
+    """conn.recv(), giving up when the parent dies (fork copies make EOF unreliable)."""
     while not conn.poll(P.PARENT_POLL_S):
         if not parent.alive():
             raise EOFError("parent process died")
-    return conn.recv_bytes() if raw else conn.recv()
+    return conn.recv()
 
 
 def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connection, parent_pid: int,

@@ -387,6 +387,11 @@ class ShmEnvPool:
             self._stop_workers()
             self._engine._complete("pool")  # type: ignore[union-attr]
 
+    def set_batch_infos(self, on: bool) -> None:
+        """Whether recv() batches infos as Gymnasium does (False: only the final observations;
+        each row's own dicts are in ``row_infos``)."""
+        self.batch_infos = bool(on)
+
     def _paused_call(self, name: str, args: tuple, indices: list[int] | None = None) -> tuple[Any, ...]:
         engine = self._usable()
         running = self._running

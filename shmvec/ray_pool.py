@@ -253,9 +253,23 @@ class RayShmEnvPool(_RayActorGroup):
     def render(self) -> tuple[Any, ...]:
         return self._each("render", lambda k: ((), {}))
 
+    batch_infos = True
+
+    def set_batch_infos(self, on: bool) -> None:
+        """As :meth:`ShmEnvPool.set_batch_infos`, in every actor's pool."""
+        self._check_usable()
+        self.batch_infos = bool(on)
+        self._gather([a.pool_call.remote("set_batch_infos", (bool(on),), {}) for a in self._actors],
+                     "set_batch_infos", broken=False)
+
     def _paused_call(self, name: str, args: tuple, indices: list[int] | None = None) -> tuple[Any, ...]:
         """One of ShmEnvPool's raw commands (``is_wrapped``, ...) on envs ``indices`` (global), in order."""
-        targets = list(range(self.num_envs)) if indices is None else [int(i) % self.num_envs for i in indices]
+        n = self.num_envs
+        if indices is not None:
+            for i in indices:
+                if not -n <= int(i) < n:
+                    raise IndexError(f"env index {i} out of range for {n} envs")
+        targets = list(range(n)) if indices is None else [int(i) % n for i in indices]
         # Only the envs asked for (a set_attr or env_method must not touch the others): each actor
         # gets its own envs' local indices, in order, and the answers come back in that order.
         starts = [sl.start for sl in self.slices]

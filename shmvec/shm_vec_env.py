@@ -175,10 +175,14 @@ class _Resources:
         for w, conn in enumerate(self.conns):
             try:
                 while conn.poll(0):
-                    msg = conn.recv()
+                    data = conn.recv_bytes()
+                    try:
+                        msg = pickle.loads(data)  # an answer nobody read may not unpickle here
+                    except Exception:
+                        continue
                     if msg[0] == "closed" and msg[1] is not None:
                         close_errors.append((w, msg[1]))
-            except (EOFError, OSError, pickle.UnpicklingError):
+            except (EOFError, OSError):
                 pass
             conn.close()
         for p in self.processes:
@@ -662,7 +666,12 @@ class ShmVecEnv(Recovery, VecEnv):
         if self.waiting:
             raise AlreadyPendingCallError("action_masks() while a step is in flight: call step_wait() first")
         if not self._masks_live:  # the first ask: the workers write them now, and after every step
-            self._pipe_call("action_masks", None, ())
+            try:
+                self._pipe_call("action_masks", None, ())
+            except Exception:
+                if self._broken is None:  # one worker's envs failed: the others go back to off
+                    self._pipe_call("action_masks_off", None, ())
+                raise
             self._masks_live = True
         if indices is None:
             return self._views.mask.copy()

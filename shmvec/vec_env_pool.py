@@ -73,7 +73,7 @@ class ShmVecEnvPool(VecEnv):
                  **kwargs: Any) -> None:
         self._pool = pool = self._pool_cls(env_fns, batch_size=batch_size, autoreset_mode=AutoresetMode.SAME_STEP,
                                        **kwargs)
-        pool.batch_infos = False  # SB3's infos come from each row's own dicts (pool.row_infos)
+        pool.set_batch_infos(False)  # SB3's infos come from each row's own dicts (pool.row_infos)
         self.pool_size = pool.num_envs
         self._ids = np.zeros(0, dtype=np.int64)
         self._last_obs: dict[int, Any] = {}
@@ -141,6 +141,7 @@ class ShmVecEnvPool(VecEnv):
         infos: list[dict[str, Any]] = []
         final_mask = vinfos.get("_final_obs")
         row_infos = pool.row_infos  # each env's own dicts (Gymnasium's batched ones change types)
+        rows_move = self.num_envs < self.pool_size  # row k is not always the same env
         for k, j in enumerate(order.tolist()):
             i = int(ids[k])
             info, reset_info = row_infos[j]
@@ -149,6 +150,11 @@ class ShmVecEnvPool(VecEnv):
                 info["terminal_observation"] = vinfos["final_obs"][j]
                 assert final_mask is not None and final_mask[j]
                 self.reset_infos[k] = dict(reset_info or {})
+            elif reset_info is not None:  # an env's first row after reset() (batch_size < pool_size)
+                info.update(reset_info)
+                self.reset_infos[k] = dict(reset_info)
+            elif rows_move:
+                self.reset_infos[k] = {}  # not the reset info of whichever env had the row before
             info["TimeLimit.truncated"] = bool(truncated[k] and not terminated[k])
             info["env_id"] = i
             if i in self._last_action:  # a real transition (not the env's reset row)

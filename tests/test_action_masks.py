@@ -170,6 +170,27 @@ def _wrong_size_env(i: int):
     return _WrongSizeMask(index=i)
 
 
+def _wrong_size_env_from(first_bad: int, i: int):
+    return _WrongSizeMask(index=i) if i >= first_bad else sb3envs.MaskedEnv(index=i)
+
+
+def test_a_failed_first_ask_leaves_masks_off_in_every_worker():
+    """Worker 1's envs return masks of the wrong size: the first ask raises, and worker 0, whose
+    envs answered, must not go on calling action_masks() after every step."""
+    env = ShmVecEnv([functools.partial(_wrong_size_env_from, 2, i) for i in range(4)], n_workers=2,
+                    start_method="fork")
+    try:
+        env.reset()
+        with pytest.raises(ObservationError, match="raised by env 2"):
+            env.action_masks()
+        calls = env.get_attr("mask_calls")
+        for _ in range(5):
+            env.step(np.zeros(4, dtype=np.int64))
+        assert env.get_attr("mask_calls") == calls  # nobody asked since
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize("option", [None, True])
 def test_wrong_mask_size_names_the_env(option):
     """With masks on from the start the reset raises; by default the first ask does, and every ask

@@ -218,6 +218,30 @@ def test_step_infos_rejects_other_arrays():
             step_infos(b, b, bad)
 
 
+# ---- exact_integers (casts into integer action and observation buffers) --------------------------
+
+@pytest.mark.parametrize("value, src, dst, ok", [
+    (2**31, np.float32, np.int32, False),        # in float32, 2**31 compares equal to int32's max
+    (2**31 - 128, np.float32, np.int32, True),
+    (2**63, np.float64, np.int64, False),
+    (2**32, np.float32, np.uint32, False),
+    (-1.0, np.float64, np.uint8, False),
+    (255.0, np.float64, np.uint8, True),
+    (300, np.int64, np.int16, True),
+    (40000, np.int64, np.int16, False),         # same kind for numpy, and it would wrap
+    (300, np.int64, np.uint8, False),
+    (True, np.bool_, np.uint8, True),
+])
+def test_exact_integers_takes_only_values_that_fit(value, src, dst, ok):
+    from shmvec._actions import exact_integers
+
+    out = exact_integers(np.array([value], dtype=src), np.dtype(dst))
+    if ok:
+        assert out is not None and out.dtype == dst and int(out[0]) == int(value)
+    else:
+        assert out is None
+
+
 # ---- publish_step ----------------------------------------------------------------------------------
 
 def _flag_buffers(n: int = 10, dtype=np.float32):

@@ -298,6 +298,33 @@ def test_sb3_pool_rare_calls_touch_only_the_envs_in_indices():
         close_all(env, ref)
 
 
+def test_sb3_pool_rows_of_envs_not_in_the_first_batch_carry_their_reset_info():
+    """batch_size < pool_size: reset() returns two of four envs; the others' first rows come from
+    step_wait, with their reset info in the info (as before) and in reset_infos."""
+    from shmvec.vec_env_pool import ShmVecEnvPool
+
+    fns = [functools.partial(testenvs.make_spaces_env, "box", "discrete", i) for i in range(4)]
+    env = ShmVecEnvPool(fns, batch_size=2, n_workers=2, start_method="fork")
+    try:
+        env.reset()
+        first = {info["env_id"]: ri for info, ri in zip([{"env_id": i} for i in env._ids.tolist()], env.reset_infos)}
+        assert sorted(first) in ([0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]) and all("tag" in ri for ri in first.values())
+        seen = set(first)
+        for _ in range(6):
+            _, _, dones, infos = env.step(np.zeros(2, dtype=np.int64))
+            for k, info in enumerate(infos):
+                i = info["env_id"]
+                if i not in seen:  # its reset row
+                    assert info["tag"] == i and "pool_action" not in info
+                    assert env.reset_infos[k]["tag"] == i
+                    seen.add(i)
+                elif not dones[k]:
+                    assert env.reset_infos[k] == {}  # not another env's reset info
+        assert seen == {0, 1, 2, 3}
+    finally:
+        env.close()
+
+
 def test_sb3_pool_step_wait_resumes_after_ctrl_c():
     """Ctrl-C in step_wait (SB3's face has no recv() to resume with): the step stays in flight, and
     step_wait() again returns it, envs and all."""

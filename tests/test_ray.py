@@ -695,5 +695,24 @@ def test_sb3_pool_face_with_full_batch_equals_dummy_vec_env(cluster):
         assert assert_pool_matches_dummy(env, ref, 30, 3) > 0
         assert env.get_attr("tag") == [0, 1, 2, 3, 4]
         assert env.env_is_wrapped(TimeLimit, indices=[4, 0]) == [True, True]
+        env.set_attr("marker", 1, indices=[3, 1])  # only those: each actor gets its own local indices
+        assert env.env_method("bump", 2, indices=[4, 0, 2]) == [2, 2, 2]
+        assert env.get_attr("counter") == [2, 0, 2, 0, 2]
+        assert env.get_attr("marker", indices=[1, 3]) == [1, 1]
+        with pytest.raises(IndexError, match="out of range"):
+            env.set_attr("marker", 1, indices=[5])  # not env 0, wrapped around
+    finally:
+        close_all(env, ref)
+
+
+def test_sb3_pool_face_carries_each_envs_own_infos(cluster):
+    """Infos of uneven types and lengths (Gymnasium's batching would fail or truncate) arrive as
+    DummyVecEnv's through the actors."""
+    fns = [functools.partial(testenvs.make_uneven_info_env, i) for i in range(4)]
+    ref = DummyVecEnv(fns)
+    env = None
+    try:
+        env = RayShmVecEnvPool(fns, n_actors=2)
+        assert assert_pool_matches_dummy(env, ref, 16, 3) > 0
     finally:
         close_all(env, ref)
