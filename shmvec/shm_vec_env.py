@@ -117,6 +117,7 @@ class _Resources:
     views: Any = None
     released: bool = False
     died_in_close: list[tuple[int, int | None]] = []
+    ready: frozenset[int] | set[int] = frozenset()  # workers past the handshake (they serve the words)
 
     def unlink(self) -> None:
         if self.shm is not None and not self.unlinked:
@@ -151,8 +152,8 @@ class _Resources:
                 words.store(P.word(w, P.CMD), P.Cmd.CLOSE)
                 words.fetch_add(P.word(w, P.CMD_SEQ), 1)
                 words.wake(P.word(w, P.CMD_SEQ))
-        else:
-            for w, _ in alive:  # still in the handshake: tell them on the pipe
+        for w, _ in alive:
+            if w not in self.ready:  # still in the handshake (interrupted there): tell them on the pipe
                 try:
                     self.conns[w].send(("abort", None))
                 except OSError:
@@ -421,16 +422,20 @@ class ShmVecEnv(Recovery, VecEnv):
                 ) from exc
 
         # Handshake 2: every worker attaches; then the name is unlinked, so no segment outlives us.
+        # The words exist first: a worker that has attached serves them, and only a CLOSE posted
+        # there reaches it if this is interrupted (on the pipe it would wait 5 s for SIGTERM).
+        self._words = res.words = Words(res.shm.buf, layout.ctrl_offset, layout.ctrl_words)
+        res.ready = set()
         for conn in res.conns:
             conn.send(("attach", (res.shm.name, layout.n_envs, self.n_workers, mailbox_bytes, mask_size,
                                   self._masks_live)))
         for w in range(self.n_workers):
             self._recv(w, "attach", _BROKEN_HINT)
+            res.ready.add(w)
         res.unlink()
 
         self._layout = layout
         views = res.views = layout.views(res.shm.buf)
-        self._words = res.words = Words(res.shm.buf, layout.ctrl_offset, layout.ctrl_words)
         self._views = views
         self._seq = [0] * self.n_workers
         self._cmd_words = [(P.word(w, P.CMD_SEQ), P.word(w, P.CMD), P.word(w, P.CMD_SLEEPERS))

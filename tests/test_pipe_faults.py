@@ -300,3 +300,21 @@ def test_a_worker_exiting_instead_of_answering_is_reported_as_died():
             env.get_attr("tag")
     finally:
         env.close()
+
+
+class _InterruptedAttach(ShmVecEnv):
+    """Ctrl-C while the parent waits for worker 1's "ready" (worker 0 serves already)."""
+
+    def _recv(self, w, command, hint):
+        if command == "attach" and w == 1:
+            time.sleep(0.3)  # both workers have attached by now
+            raise KeyboardInterrupt
+        return super()._recv(w, command, hint)
+
+
+def test_an_interrupt_during_the_attach_handshake_closes_the_workers_at_once():
+    fns = [functools.partial(testenvs.make_pipe_env, i) for i in range(4)]
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        _InterruptedAttach(fns, n_workers=2, start_method="fork")
+    assert time.monotonic() - start < 3.0  # no 5 s wait for a SIGTERM: CLOSE reached them
