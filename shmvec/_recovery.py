@@ -60,6 +60,7 @@ from shmvec import _protocol as P
 from shmvec._errors import (
     SpaceError,
     TooManyRestartsError,
+    WorkerDiedError,
     WorkerRestartWarning,
     WorkerTimeoutError,
     describe_exitcode,
@@ -165,12 +166,23 @@ class Recovery:
         for w in posted:
             if w in failed:
                 continue
-            if words.load(P.word(w, P.STATUS)) == _ERROR:
-                _, packed = self._recv_raw(w, command)
-                where = f"env {packed['env_index']}" if packed["env_index"] is not None else f"worker {w}"
-                failed[w] = f"{where} raised {packed['type_name']}: {packed['message']}"
-                continue
-            results[w] = self._read_result(w, words.load(P.word(w, P.RESULT_LEN)), command)
+            try:
+                if words.load(P.word(w, P.STATUS)) == _ERROR:
+                    _, packed = self._recv_raw(w, command)
+                    where = f"env {packed['env_index']}" if packed["env_index"] is not None else f"worker {w}"
+                    failed[w] = f"{where} raised {packed['type_name']}: {packed['message']}"
+                    continue
+                results[w] = self._read_result(w, words.load(P.word(w, P.RESULT_LEN)), command)
+            except WorkerDiedError:
+                # Died once done, before its message was out (protocol step 6b): a failure like
+                # any other here.  The read marked the env broken; the restart repairs it.
+                broken, self._broken = self._broken, None
+                for d in self._dead_workers():
+                    if d in posted and d not in failed:
+                        failed[d] = self._death_reason(d)
+                if w not in failed:
+                    self._broken = broken
+                    raise
 
         reset_infos = self._restart_workers(failed, command) if failed else {}
         if command == "step":

@@ -318,3 +318,34 @@ def test_an_interrupt_during_the_attach_handshake_closes_the_workers_at_once():
     with pytest.raises(KeyboardInterrupt):
         _InterruptedAttach(fns, n_workers=2, start_method="fork")
     assert time.monotonic() - start < 3.0  # no 5 s wait for a SIGTERM: CLOSE reached them
+
+
+def test_restart_mode_restarts_a_worker_that_dies_once_done_before_its_message_is_out():
+    """Worker 1 completes its step (PENDING decremented) and is blocked sending 2 MB of infos when
+    it is killed: on_failure="restart" restarts it like any other failure, and its envs are
+    reported as truncated."""
+    import os
+    import warnings
+
+    from shmvec import WorkerRestartWarning
+
+    env = _env(_pipe_envs(bad=3, how="info", at=2, huge=HUGE), mailbox_bytes=4096, on_failure="restart")
+    try:
+        env.reset()
+        env.step(_actions())
+        env.step_async(_actions())
+        deadline = time.monotonic() + 10
+        while env._words.load(P.PENDING) != 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.05)  # worker 1 is in send(): the socket's buffer holds a part of the message
+        os.kill(env._res.processes[1].pid, signal.SIGKILL)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _, _, dones, infos = env.step_wait()
+        assert any(issubclass(w.category, WorkerRestartWarning) for w in caught)
+        assert dones[2:].all() and all("shmvec_restarted" in infos[i] for i in (2, 3))
+        assert "SIGKILL" in infos[3]["shmvec_restarted"]
+        assert not dones[:2].any() and env.restarts == 1
+        env.step(_actions())
+    finally:
+        env.close()
