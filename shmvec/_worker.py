@@ -403,11 +403,8 @@ class _Worker:
         words = self.words
         assert words is not None
         seq_word = P.word(self.index, P.CMD_SEQ)
-        while not self.conn.poll(P.PIPE_WAIT_POLL_S):
-            if words.load(seq_word) != seq:
-                return  # the serve loop takes the newer command (CLOSE)
-            if not self.parent.alive():
-                raise EOFError("parent process died")
+        if not _wait_readable(self.conn, self.parent, lambda: words.load(seq_word) != seq, P.PIPE_WAIT_POLL_S):
+            return  # the serve loop takes the newer command (CLOSE)
         data = self.conn.recv_bytes()
         name = None  # not known until unpickled: the parent fills it in
         try:
@@ -490,11 +487,21 @@ def _unbatch(space: gym.spaces.Space, batch: Any, n: int) -> list:
     return list(batch)
 
 
-def _recv(conn: Connection, parent: _ParentWatch) -> Any:
-    """conn.recv(), giving up when the parent dies (fork copies make EOF unreliable)."""
-    while not conn.poll(P.PARENT_POLL_S):
+def _wait_readable(conn: Connection, parent: _ParentWatch, give_up: Any = None,
+                   poll_s: float = P.PARENT_POLL_S) -> bool:
+    """Waits until ``conn`` has data: True; False as soon as ``give_up()`` is true.  Raises
+    EOFError when the parent dies (fork copies of its end make EOF on the pipe unreliable)."""
+    while not conn.poll(poll_s):
+        if give_up is not None and give_up():
+            return False
         if not parent.alive():
             raise EOFError("parent process died")
+    return True
+
+
+def _recv(conn: Connection, parent: _ParentWatch) -> Any:
+    """conn.recv(), giving up when the parent dies."""
+    _wait_readable(conn, parent)
     return conn.recv()
 
 
@@ -531,9 +538,7 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
         msg = _recv(conn, parent)
         try:
             if msg[0] == "attach_fd":  # a restart: the block's name is unlinked, its descriptor follows
-                while not conn.poll(P.PARENT_POLL_S):
-                    if not parent.alive():
-                        raise EOFError("parent process died")
+                _wait_readable(conn, parent)
                 worker.attach(None, *msg[1], fd=reduction.recv_handle(conn))
             elif msg[0] == "attach":
                 worker.attach(*msg[1])
