@@ -132,8 +132,9 @@ even a SystemExit from an env or an argument that does not unpickle in the
 worker, is the answer.  PENDING is not used.  An exception in the parent once
 a worker has been posted (Ctrl-C) marks the vec env broken: an answer left in
 a pipe would be taken for the next call's.  A worker waiting for a message
-that never comes watches CMD_SEQ meanwhile, so the CLOSE that follows reaches
-it at once.
+that never comes, or for the rest of one whose sending was interrupted, watches
+CMD_SEQ meanwhile (it reads the message in pieces), so the CLOSE that follows
+reaches it at once; it never reads that pipe again.
 
 POOL (the asynchronous pool, shmvec._pool): a synchronous command like STEP
 whose body serves single envs from the worker's in queue until it pops STOP;

@@ -403,9 +403,9 @@ class _Worker:
         words = self.words
         assert words is not None
         seq_word = P.word(self.index, P.CMD_SEQ)
-        if not _wait_readable(self.conn, self.parent, lambda: words.load(seq_word) != seq, P.PIPE_WAIT_POLL_S):
+        data = _recv_bytes_or_give_up(self.conn, self.parent, lambda: words.load(seq_word) != seq)
+        if data is None:
             return  # the serve loop takes the newer command (CLOSE)
-        data = self.conn.recv_bytes()
         name = None  # not known until unpickled: the parent fills it in
         try:
             name, args = pickle.loads(data)  # an argument that does not unpickle here is the answer
@@ -497,6 +497,49 @@ def _wait_readable(conn: Connection, parent: _ParentWatch, give_up: Any = None,
         if not parent.alive():
             raise EOFError("parent process died")
     return True
+
+
+def _recv_bytes_or_give_up(conn: Connection, parent: _ParentWatch, give_up: Any,
+                           poll_s: float = P.PIPE_WAIT_POLL_S) -> bytes | None:
+    """``conn.recv_bytes()`` read in pieces, checking ``give_up()`` while the message has not
+    begun *and* between its pieces: None once it is true.
+
+    A parent interrupted (Ctrl-C) in the middle of ``send_bytes()`` leaves half a message in the
+    pipe and then posts CLOSE; a plain ``recv_bytes()`` would wait for the other half forever (the
+    parent waited 5 s, then sent SIGTERM, and the envs' ``close()`` never ran).  The pipe is not
+    read again after giving up: the worker closes.  Framing as ``Connection._send_bytes`` writes
+    it: a 4-byte big-endian signed length, or -1 and an 8-byte length above 2 GiB.
+    """
+    fd = conn.fileno()
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    timeout_ms = max(1, int(poll_s * 1000))
+
+    def read(n: int) -> bytes | None:
+        chunks, left = [], n
+        while left:
+            while not poller.poll(timeout_ms):
+                if give_up():
+                    return None
+                if not parent.alive():
+                    raise EOFError("parent process died")
+            chunk = os.read(fd, min(left, 1 << 22))
+            if not chunk:
+                raise EOFError("the parent closed its end of the pipe")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks) if len(chunks) != 1 else chunks[0]
+
+    header = read(4)
+    if header is None:
+        return None
+    size = int.from_bytes(header, "big", signed=True)
+    if size == -1:
+        header = read(8)
+        if header is None:
+            return None
+        size = int.from_bytes(header, "big")
+    return read(size) if size else b""
 
 
 def _recv(conn: Connection, parent: _ParentWatch) -> Any:

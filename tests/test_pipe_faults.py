@@ -349,3 +349,34 @@ def test_restart_mode_restarts_a_worker_that_dies_once_done_before_its_message_i
         env.step(_actions())
     finally:
         env.close()
+
+
+def test_an_interrupt_in_the_middle_of_a_large_message_still_closes_the_worker_gracefully():
+    """Ctrl-C while send_bytes() is half way through a large argument: the worker holds half a
+    message.  close() must reach it at once (CLOSE through shared memory), and the worker must
+    close its envs and exit by itself (exit code 0), not wait out the 5 s before SIGTERM."""
+    env = _env(_pipe_envs())
+    try:
+        conn = env._res.conns[1]
+        real = type(conn).send_bytes
+
+        def half_then_interrupted(data):
+            n = len(data)
+            conn._send(n.to_bytes(4, "big", signed=True) + bytes(data[: n // 2]))
+            raise KeyboardInterrupt
+
+        conn.send_bytes = half_then_interrupted
+        with pytest.raises(KeyboardInterrupt):
+            env.env_method("size_of", b"x" * HUGE, indices=[2])
+        conn.send_bytes = real.__get__(conn)
+        with pytest.raises(BrokenVecEnvError):
+            env.get_attr("tag")
+        codes = {}
+        for p in env._res.processes:  # the exit codes, read before close() closes the objects
+            p.close = functools.partial(lambda p, close: (codes.setdefault(p.name, p.exitcode), close()), p, p.close)
+        start = time.monotonic()
+        env.close()
+        assert time.monotonic() - start < 2.0
+        assert sorted(codes.values()) == [0, 0], codes
+    finally:
+        env.close()
