@@ -437,7 +437,7 @@ class _Worker:
             elif name == "call":  # Gymnasium's VectorEnv.call: call it if callable, else return it
                 attr = env.get_wrapper_attr(args[1])
                 out.append(attr(*args[2], **args[3]) if callable(attr) else attr)
-            elif name == "set_wrapper_attr":  # Gymnasium's VectorEnv.set_attr: one value per env index
+            elif name == "set_wrapper_attr":  # Gymnasium's VectorEnv.set_attr: {env index: value}
                 env.set_wrapper_attr(args[1], args[2][i])
                 out.append(None)
             elif name == "is_wrapped":

@@ -976,7 +976,12 @@ class ShmVecEnv(Recovery, VecEnv):
         by_worker = {w: idx for w, (idx, _) in groups.items()}
         positions = {w: pos for w, (_, pos) in groups.items()}
         # Pickled before anything is posted: an argument that does not pickle leaves the env usable.
-        messages = {w: reduction.ForkingPickler.dumps((name, (idx, *args))) for w, idx in by_worker.items()}
+        if name == "set_wrapper_attr":  # one value per env: each worker gets only its own envs' values
+            values = args[1]
+            messages = {w: reduction.ForkingPickler.dumps((name, (idx, args[0], {i: values[i] for i in idx})))
+                        for w, idx in by_worker.items()}
+        else:
+            messages = {w: reduction.ForkingPickler.dumps((name, (idx, *args))) for w, idx in by_worker.items()}
         answers: list[Any] = [None] * len(targets)
         error: BaseException | None = None
         try:

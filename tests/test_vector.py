@@ -214,6 +214,25 @@ def test_call_get_attr_set_attr_render_match_sync():
         close_all(env, ref)
 
 
+def test_set_attr_sends_each_worker_only_its_own_envs_values():
+    fns = [functools.partial(testenvs.make_render_env, i) for i in range(4)]
+    env = ShmVectorEnv(fns, n_workers=2, start_method="fork")
+    try:
+        sent = []
+        for conn in env._engine._res.conns:
+            conn.send_bytes = functools.partial(lambda real, data: (sent.append(len(data)), real(data)),
+                                                conn.send_bytes)
+        values = [bytes([i]) * 300_000 for i in range(4)]
+        env.set_attr("blob", values)
+        assert len(sent) == 2 and max(sent) < 700_000, sent  # two values each, not all four
+        for conn in env._engine._res.conns:
+            del conn.send_bytes
+        assert [b[:1] for b in env.get_attr("blob")] == [bytes([i]) for i in range(4)]
+        assert all(len(b) == 300_000 for b in env.get_attr("blob"))
+    finally:
+        env.close()
+
+
 def test_env_error_and_closed_use():
     env = ShmVectorEnv([functools.partial(testenvs.make_raising_env, 2)] * 2, n_workers=2, start_method="fork")
     try:
