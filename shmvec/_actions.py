@@ -86,16 +86,19 @@ def make_fast_copies(action_space: spaces.Space, paths: list[tuple], policy: str
 
 
 def exact_integers(arr: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
-    """``arr`` (floats, integers or bools) as ``dtype`` (integers) if every value is a whole
-    number that fits, else None.
+    """``arr`` (floats, integers or bools) as ``dtype`` (integers, or bool) if every value is a
+    whole number that fits (for bool: 0 or 1), else None.
 
     SB3's PPO sends MultiBinary actions as float32 0.0/1.0 (Bernoulli samples), and numpy's
     default int64 reaches uint8 or uint16 spaces (a MultiDiscrete of dtype uint8, a list of
     Python ints): they cast exactly, as DummyVecEnv would hand them over.  Only called when the
-    dtypes differ and numpy calls the cast unsafe, never on the usual path.
+    dtypes differ and the cast is unsafe or narrows integers, never on the usual path.
     """
-    if arr.dtype.kind not in "fiub" or dtype.kind not in "iu":
+    if arr.dtype.kind not in "fiub" or dtype.kind not in "iub":
         return None
+    if dtype.kind == "b":  # a bool space: 0 and 1 (or 0.0 and 1.0) only
+        with np.errstate(invalid="ignore"):
+            return arr.astype(dtype) if ((arr == 0) | (arr == 1)).all() else None
     if arr.size:
         info = np.iinfo(dtype)
         if arr.dtype.kind == "f":

@@ -9,6 +9,7 @@ A space is split into leaves (``Box``, ``Discrete``, ``MultiDiscrete``,
 from __future__ import annotations
 
 import bisect
+import operator
 from dataclasses import dataclass
 from functools import singledispatch
 from typing import TYPE_CHECKING, Any, Callable
@@ -101,11 +102,17 @@ def group_by_slice(targets: list[int], slices: list[range]) -> dict[int, tuple[l
     ``targets``.
 
     :raises IndexError: an index outside ``[-n_envs, n_envs)``.
+    :raises TypeError: an index that is not an integer (checked for all before any env is called,
+        as DummyVecEnv raises before it changes anything).
     """
     n_envs = slices[-1].stop
     stops = [sl.stop for sl in slices]
     groups: dict[int, tuple[list[int], list[int]]] = {}
     for pos, i in enumerate(targets):
+        try:
+            i = operator.index(i)  # numpy integers too; 1.0 and "1" are refused
+        except TypeError:
+            raise TypeError(f"env indices must be integers, got {i!r} ({type(i).__name__})") from None
         if not -n_envs <= i < n_envs:
             raise IndexError(f"env index {i} out of range for {n_envs} envs")
         i %= n_envs

@@ -44,7 +44,6 @@ the parent stops the pool and re-raises the exception through the usual path.
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 import numpy as np
@@ -52,6 +51,7 @@ import numpy as np
 from shmvec import _protocol as P
 from shmvec._core import IndexQueue, QUEUE_MAX_VALUE, encode_infos, queue_bytes, queue_capacity_for
 from shmvec._layout import ALIGN, Layout, make_gather
+from shmvec._worker import dumps
 
 STOP = QUEUE_MAX_VALUE
 ERROR_BIT = 1 << 31
@@ -160,7 +160,7 @@ class PoolServer:
         if n > 0:
             self.info_len[i] = n
             return
-        data = pickle.dumps(info, protocol=5)  # smaller than the codec's message: its memo shares keys
+        data = dumps(info)  # smaller than the codec's message: its memo shares keys
         n = len(data)
         if n > self.layout.info_bytes:
             raise InfoTooLargeError(

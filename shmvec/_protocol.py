@@ -27,7 +27,10 @@ Who writes what, in which order (a synchronous command: STEP or RESET)
 Between commands every worker is idle and the parent owns every buffer.
 
   parent  1. writes the actions (STEP) and, per worker, an optional pickled
-             argument into mailbox w and its length into ARG_LEN[w];
+             argument into mailbox w and its length into ARG_LEN[w] (an
+             argument too large for the mailbox: ARG_IN_PIPE, and the parent
+             sends it through the worker's pipe right after step 3; the worker
+             reads it first in step 5, watching CMD_SEQ as for a rare command);
              PARENT_CPU <- its core (STEP with a parent that sleeps) or NO_CPU;
              EARLY_WAKE <- 0
           2. PENDING <- n_workers            (no worker reads it yet)
@@ -206,6 +209,9 @@ CMD_SLEEPERS = 6
 
 # RESULT_LEN when the result did not fit in the mailbox and went through the pipe.
 RESULT_IN_PIPE = 0xFFFFFFFF
+# ARG_LEN when a reset's argument (seeds, options) does not fit in the mailbox: the parent sends
+# it through the worker's pipe once the command is posted, and the worker reads it first.
+ARG_IN_PIPE = 0xFFFFFFFF
 
 
 class Cmd(enum.IntEnum):

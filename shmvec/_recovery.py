@@ -30,7 +30,11 @@ the new envs' ``reset`` raises, the new worker dies) is raised, and the vec env
 is broken: a worker that cannot even start is not worth retrying.  Starting and
 resetting a new worker may take ``max(timeout, 60)`` seconds (imports are slow).  After
 ``max_restarts`` restarts the next failure raises
-:class:`~shmvec._errors.TooManyRestartsError` (``max_restarts=None``: no limit).
+:class:`~shmvec._errors.TooManyRestartsError` (``max_restarts=None``: no limit); so does a
+command in which more workers fail than restarts are left (all are restarted, or none).
+A worker found dead while others are being restarted is restarted at the next command.
+With ``copy=False``, a restart before a rare command writes the new envs' reset observations
+into the shared buffers at once: views returned by the last step change under the caller.
 
 Rare commands (``get_attr``, ``set_attr``, ``env_method``, ``render``, ...)
 first restart any worker found dead (a worker killed between two steps), then
@@ -102,6 +106,7 @@ class Recovery:
     _fresh: dict[int, tuple[str, dict[int, dict]]] = {}
     _reset_args: dict[int, bytes | None] = {}
     _last_obs: Any = None
+    _unwarned: list = []
 
     def _init_recovery(self, on_failure: str, max_restarts: int | None) -> None:
         if on_failure not in ON_FAILURE:
@@ -120,6 +125,7 @@ class Recovery:
         self._fresh = {}
         self._reset_args = {}
         self._last_obs = None
+        self._unwarned = []  # (first restart's number, {worker: reason}, command): not yet warned
 
     def _remember_obs(self, obs: Any) -> Any:
         """Keeps what ``step_wait``/``reset`` return: the terminal observation of a restarted env."""
@@ -195,16 +201,16 @@ class Recovery:
                 results[w] = [(i, dict(reset_infos.get(i, {}), **{RESTART_INFO_KEY: reason}))
                               for i in self.slices[w]]
         self._fresh = {}
+        self._warn_restarts()
         return results
 
     def _truncated_items(self, w: int, reason: str, reset_infos: dict[int, dict]) -> list:
         """Writes worker w's step results as truncated episodes; its (i, info, reset_info) items."""
         sl = self.slices[w]
-        views = self._views
-        views.rew[sl.start:sl.stop] = 0.0
-        views.terminated[sl.start:sl.stop] = False
-        views.truncated[sl.start:sl.stop] = True
-        write_term = make_scatter(self.observation_space, views.term_obs, "terminal observation")
+        self._views.rew[sl.start:sl.stop] = 0.0  # no local view of the block (see _reset_restarted)
+        self._views.terminated[sl.start:sl.stop] = False
+        self._views.truncated[sl.start:sl.stop] = True
+        write_term = make_scatter(self.observation_space, self._views.term_obs, "terminal observation")
         items = []
         for i in sl:
             last = self._obs_copy(i) if self._last_obs is None else _env_obs(self._last_obs, i)
@@ -222,6 +228,7 @@ class Recovery:
         infos = self._restart_workers(failed, command)
         for w, reason in failed.items():
             self._fresh[w] = (reason, {i: infos.get(i, {}) for i in self.slices[w]})
+        self._warn_restarts()
 
     # ---- restarting --------------------------------------------------------------------------------
     def _dead_workers(self) -> list[int]:
@@ -239,10 +246,16 @@ class Recovery:
         if self.max_restarts is not None and self.restarts + len(failed) > self.max_restarts:
             w, reason = list(failed.items())[min(len(failed) - 1, max(0, self.max_restarts - self.restarts))]
             sl = self.slices[w]
-            others = f" ({len(failed)} workers failed in this {command})" if len(failed) > 1 else ""
+            if len(failed) > 1:
+                # All or none: restarting some of the failed workers would still leave the others
+                # failed, and the vec env could not go on anyway.
+                over = (f"; {len(failed)} workers failed in this {command}, and restarting them all would make "
+                        f"{self.restarts + len(failed)} restarts")
+            else:
+                over = ""
             self._broken = TooManyRestartsError(
-                f"worker {w} (envs {sl.start}..{sl.stop - 1}) failed during {command} ({reason}){others} after "
-                f"{self.restarts} restarts, the limit set by max_restarts={self.max_restarts}. The envs keep "
+                f"worker {w} (envs {sl.start}..{sl.stop - 1}) failed during {command} ({reason}){over}: over the "
+                f"limit set by max_restarts={self.max_restarts} ({self.restarts} restarts so far). The envs keep "
                 f"failing: fix them, or raise max_restarts (None: no limit). {_BROKEN_HINT}"
             )
             raise self._broken
@@ -271,6 +284,18 @@ class Recovery:
             raise
         finally:
             self.timeout = step_timeout
+        # Warned by the caller once its bookkeeping is done: a warning turned into an error
+        # (-W error) must not lose the truncation report of envs that were restarted.
+        self._unwarned.append((first, dict(failed), command))
+        return infos
+
+    def _warn_restarts(self) -> None:
+        """Emits the WorkerRestartWarning of each restart since the last call."""
+        pending, self._unwarned = self._unwarned, []
+        for first, failed, command in pending:
+            self._warn_restarted(first, failed, command)
+
+    def _warn_restarted(self, first: int, failed: dict[int, str], command: str) -> None:
         limit = "no limit" if self.max_restarts is None else f"max_restarts={self.max_restarts}"
         report = {
             "step": f"their episodes end as truncated, with info[{RESTART_INFO_KEY!r}] saying why",
@@ -283,7 +308,6 @@ class Recovery:
                 f"restarted (restart {count}, {limit}); its envs were rebuilt and reset, and {report}.",
                 WorkerRestartWarning, stacklevel=_user_stacklevel(),
             )
-        return infos
 
     def _stop_worker(self, w: int) -> None:
         res = self._res
@@ -346,19 +370,24 @@ class Recovery:
 
     def _reset_restarted(self, workers: list[int], command: str) -> dict[int, dict]:
         """RESET to the given workers only (with the last reset's arguments for a failed reset)."""
-        words, views = self._words, self._views
+        words = self._words  # no local view of the block: a traceback would keep it mapped after close()
         what = f"reset after restarting workers {workers}"
         self._arm_early_wake(P.Cmd.RESET)
         words.store(P.PENDING, len(workers))
+        in_pipe: dict[int, bytes] = {}
         for w in workers:
             arg = self._reset_args.get(w) if command == "reset" else None
-            if arg:
-                views.mailbox[w, :len(arg)] = memoryview(arg)
-            words.store(P.word(w, P.ARG_LEN), len(arg) if arg else 0)
+            arg_len = len(arg) if arg else 0
+            if arg and arg_len >= self._layout.mailbox_bytes:
+                in_pipe[w], arg_len = arg, P.ARG_IN_PIPE
+            elif arg:
+                self._views.mailbox[w, :arg_len] = memoryview(arg)
+            words.store(P.word(w, P.ARG_LEN), arg_len)
             self._seq[w] = (self._seq[w] + 1) & 0xFFFFFFFF
             words.store(P.word(w, P.CMD), P.Cmd.RESET)
             words.store(P.word(w, P.CMD_SEQ), self._seq[w])
             words.wake(P.word(w, P.CMD_SEQ))
+        self._send_args(in_pipe, what)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         pending = words.load(P.PENDING)
         while pending != 0:
@@ -366,7 +395,7 @@ class Recovery:
             if value is not None:
                 pending = value
                 continue
-            self._check_workers_alive(what)
+            self._check_workers_alive(what, workers)  # another worker found dead: the next command's
             if deadline is not None and time.monotonic() > deadline:
                 raise WorkerTimeoutError(f"{what}: no answer within {self.timeout:g} s. {_BROKEN_HINT}")
             pending = words.load(P.PENDING)
@@ -378,6 +407,9 @@ class Recovery:
                 error = error or unpack_exception(packed, _BROKEN_HINT)
                 continue
             infos.update(self._read_result(w, words.load(P.word(w, P.RESULT_LEN)), what))
+            # Read: a worker left out of the next STEP (restarted before a rare command) keeps these
+            # words until its next command, and a pipe result must not be read twice (close()).
+            words.store(P.word(w, P.RESULT_LEN), 0)
         if error is not None:
             raise error
         return infos

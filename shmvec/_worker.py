@@ -86,11 +86,30 @@ def _is_wrapped(env: gym.Env, wrapper_class: type) -> bool:
     return False
 
 
-def _build_envs(env_fns_bytes: bytes, env_range: range) -> list[gym.Env]:
+def dumps(obj: Any) -> bytes:
+    """``pickle.dumps``, or cloudpickle's for what only it can pickle.
+
+    A class defined in the user's script (``__main__``) reaches spawn and forkserver workers by
+    value, inside the cloudpickled factories; pickle then cannot name it ("not the same object as
+    __main__.X") when a space, an info or an answer holds one.  cloudpickle sends it by value, and
+    the parent's ``pickle.loads`` gets back its own class (cloudpickle tracks the classes it sent).
+    """
+    try:
+        return pickle.dumps(obj, protocol=5)
+    except Exception as exc:
+        try:
+            return cloudpickle.dumps(obj, protocol=5)
+        except Exception:
+            raise exc from None
+
+
+def _build_envs(env_fns_bytes: bytes, env_range: range, envs: list[gym.Env], at: list[int | None]) -> None:
+    """Builds the slice's envs into ``envs`` (what was built is there if it raises, for closing);
+    ``at[0]`` is the env being built or checked."""
     env_fns = cloudpickle.loads(env_fns_bytes)
-    envs: list[gym.Env] = []
     seen: dict[int, int] = {}
     for i, fn in zip(env_range, env_fns):
+        at[0] = i
         env = fn()
         if not isinstance(env, gym.Env):
             raise TypeError(
@@ -107,13 +126,14 @@ def _build_envs(env_fns_bytes: bytes, env_range: range) -> list[gym.Env]:
         envs.append(env)
     first = envs[0]
     for i, env in zip(env_range, envs):
+        at[0] = i
         for attr in ("observation_space", "action_space"):
             if getattr(env, attr) != getattr(first, attr):
                 raise SpaceError(
                     f"env {i} has {attr} {getattr(env, attr)}, env {env_range.start} has {getattr(first, attr)}: "
                     "all envs of a vec env must share their spaces."
                 )
-    return envs
+    at[0] = None
 
 
 class _Worker:
@@ -222,7 +242,7 @@ class _Worker:
             if cmd == P.Cmd.STEP:
                 self._sync_command(seen, "step", self.step_body)
             elif cmd == P.Cmd.RESET:
-                self._sync_command(seen, "reset", self._reset)
+                self._sync_command(seen, "reset", lambda seq=seen: self._reset(seq))
             elif cmd == P.Cmd.POOL:
                 self._sync_command(seen, "pool", self.pool.run)
             elif cmd == P.Cmd.PIPE:
@@ -278,11 +298,11 @@ class _Worker:
         if n > 0:
             return n
         try:
-            data = pickle.dumps(items, protocol=5)
+            data = dumps(items)
         except Exception:
             for item in items:  # name the env whose info cannot be sent
                 self.current = item[0]
-                pickle.dumps(item, protocol=5)
+                dumps(item)
             raise
         n = len(data)
         if n < self.mailbox_bytes:
@@ -371,11 +391,18 @@ class _Worker:
         self._publish_slice(rews, terms, truncs)
         return items
 
-    def _reset(self) -> list:
+    def _reset(self, seq: int | None = None) -> list:
         words = self.words
         assert words is not None
         arg_len = words.load(P.word(self.index, P.ARG_LEN))
-        args = pickle.loads(self.mailbox[:arg_len]) if arg_len else (None, None)
+        if arg_len == P.ARG_IN_PIPE:  # larger than the mailbox: sent through the pipe once posted
+            seq_word = P.word(self.index, P.CMD_SEQ)
+            data = _recv_bytes_or_give_up(self.conn, self.parent, lambda: words.load(seq_word) != seq)
+            if data is None:
+                raise ShmVecEnvError("reset abandoned: the parent stopped sending its arguments (interrupted)")
+            args = pickle.loads(data)
+        else:
+            args = pickle.loads(self.mailbox[:arg_len]) if arg_len else (None, None)
         seeds, options = args[0], args[1]
         mask = args[2] if len(args) > 2 else None  # reset only these envs (Gymnasium's reset_mask)
         items = []
@@ -410,7 +437,7 @@ class _Worker:
         try:
             name, args = pickle.loads(data)  # an argument that does not unpickle here is the answer
             result = self._run_pipe_command(name, args)
-            self.conn.send(("ok", result))
+            self.conn.send_bytes(dumps(("ok", result)))
         except BaseException as exc:  # an env's sys.exit() too: it is the answer, the worker stays
             self.conn.send(("error", pack_exception(exc, env_index=self.current, worker=self.index, command=name)))
         self.current = None
@@ -559,18 +586,25 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
     parent = _ParentWatch(parent_pid)
     worker: _Worker | None = None
     try:
+        envs: list[gym.Env] = []
+        at: list[int | None] = [None]
         try:
-            envs = _build_envs(env_fns_bytes, env_range)
-        except Exception as exc:
-            conn.send(("error", pack_exception(exc, env_index=None, worker=index, command="env construction")))
+            _build_envs(env_fns_bytes, env_range, envs, at)
+            _cap_threads(threads, after_envs=True)
+        except BaseException as exc:  # a factory's sys.exit() too: the parent decides what it means
+            conn.send(("error", pack_exception(exc, env_index=at[0], worker=index, command="env construction")))
+            for env in envs:
+                try:
+                    env.close()
+                except Exception:
+                    pass  # the construction error is the one to report
             return
-        _cap_threads(threads, after_envs=True)
         worker = _Worker(index, env_range, envs, conn, parent, spin, autoreset)
         first = envs[0]
         try:
-            hello = pickle.dumps(("spaces", (first.observation_space, first.action_space,
-                                             getattr(first, "render_mode", None), dict(first.metadata),
-                                             all(has_action_masks(env) for env in envs))))
+            hello = dumps(("spaces", (first.observation_space, first.action_space,
+                                      getattr(first, "render_mode", None), dict(first.metadata),
+                                      all(has_action_masks(env) for env in envs))))
         except Exception as exc:
             exc.add_note("shmvec: the first env's observation_space, action_space, render_mode and metadata "
                          "go to the parent with pickle: keep lambdas and open handles out of them.")

@@ -416,7 +416,7 @@ class ShmEnvPool:
                 if rows is None:
                     raise ValueError(f"actions{where} have shape {arr.shape}; expected {shape} (one row per env id, first)")
                 arr = rows
-            if arr.dtype != leaf.dtype and not np.can_cast(arr.dtype, leaf.dtype, "same_kind"):
+            if arr.dtype != leaf.dtype and (leaf.dtype.kind in "iu" or not np.can_cast(arr.dtype, leaf.dtype, "same_kind")):
                 exact = exact_integers(arr, leaf.dtype)  # as ShmVecEnv: whole floats, integers that fit
                 if exact is None:
                     raise ValueError(f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype}")

@@ -30,8 +30,10 @@ import functools
 import importlib
 import json
 import multiprocessing as mp
+import numbers
 import multiprocessing.forkserver
 import os
+import re
 import sys
 import types
 import warnings
@@ -146,14 +148,17 @@ class EnvFactory:
     wrappers: tuple[WrapperEntry, ...] = ()
     module: str | None = None
 
-    def __call__(self) -> gym.Env:
+    def __call__(self, **overrides: Any) -> gym.Env:
+        """Builds the env; ``overrides`` update its kwargs (SB3's ``make_vec_env(factory,
+        env_kwargs=...)`` calls ``factory(**env_kwargs)``)."""
         if self.module is not None:
             importlib.import_module(self.module)
+        kwargs = copy.deepcopy({**self.kwargs, **overrides})
         if self.spec is not None:
-            env = gym.make(_spec_from_fields(self.spec), **copy.deepcopy(dict(self.kwargs)))
+            env = gym.make(_spec_from_fields(self.spec), **kwargs)
         else:
             assert self.entry is not None
-            env = resolve(self.entry)(*copy.deepcopy(self.args), **copy.deepcopy(dict(self.kwargs)))
+            env = resolve(self.entry)(*copy.deepcopy(self.args), **kwargs)
         for wrapper in self.wrappers:
             env = resolve(wrapper.entry)(env, **copy.deepcopy(dict(wrapper.kwargs)))
         return env
@@ -663,13 +668,27 @@ def cpu_sets(cpu_affinity: Any, n_workers: int) -> list[frozenset[int] | None]:
     allowed = sorted(os.sched_getaffinity(0))
     if cpu_affinity is True:
         return [frozenset({allowed[w % len(allowed)]}) for w in range(n_workers)]
+    usage = "pass True, or a list of one core (or a set of cores) per worker, e.g. cpu_affinity=[0, 1]"
+    if isinstance(cpu_affinity, (str, bytes, numbers.Number)) or not isinstance(cpu_affinity, Iterable):
+        raise TypeError(f"cpu_affinity={cpu_affinity!r}: {usage}")
     entries = list(cpu_affinity)
     if not entries:
-        raise ValueError("cpu_affinity is an empty list: pass True, or one core (or set of cores) per worker")
+        raise ValueError(f"cpu_affinity is an empty list: {usage}")
+
+    def core(c: Any) -> int:
+        if isinstance(c, (bool, np.bool_)) or not isinstance(c, numbers.Integral):
+            raise TypeError(f"cpu_affinity names cores by number, got {c!r}: {usage}")
+        return int(c)
+
     out = []
     for w in range(n_workers):
         entry = entries[w % len(entries)]
-        cores = frozenset({int(entry)}) if isinstance(entry, (int, np.integer)) else frozenset(int(c) for c in entry)
+        if isinstance(entry, numbers.Number):
+            cores = frozenset({core(entry)})
+        elif isinstance(entry, (str, bytes)) or not isinstance(entry, Iterable):
+            raise TypeError(f"cpu_affinity entry {entry!r}: {usage}")
+        else:
+            cores = frozenset(core(c) for c in entry)
         bad = sorted(cores - set(allowed))
         if not cores or bad:
             raise ValueError(
@@ -695,6 +714,8 @@ def set_forkserver_preload(modules: Iterable[str]) -> bool:
         already running without them: it cannot be told to import more.  Call this early, before
         anything starts a process with the forkserver method.
     """
+    if isinstance(modules, str):
+        raise TypeError(f"preload takes a list of module names, e.g. [{modules!r}], not a string")
     modules = list(modules)
     if not all(isinstance(m, str) for m in modules):
         raise TypeError("preload takes module names (strings)")
@@ -788,11 +809,26 @@ def explain_construction_error(exc: BaseException, start_method: str) -> None:
     text = str(exc)
     if not (isinstance(exc, not_found) or (isinstance(exc, gym.error.Error) and "No registered env" in text)):
         return
-    known = [env_id for env_id in gym.registry
-             if f"`{env_id}`" in text or f"`{env_id.rsplit('-v', 1)[0]}`" in text or f" {env_id}." in text]
-    where = f" ({', '.join(repr(k) for k in known)} is registered in this process)" if known else ""
+    # The id the worker asked for, as Gymnasium's messages name it ("Environment `X` doesn't exist",
+    # "Namespace X not found"): a note only if this process knows it, so a typo gets none.
+    asked = re.search(r"Environment `([^`]+)` doesn't exist|Namespace (\S+) not found", text)
+    if asked is None:
+        return
+    name, namespace = asked.group(1), asked.group(2)
+    known = [env_id for env_id, spec in gym.registry.items()
+             if (name is not None and (spec.namespace, spec.name) == _split_name(name))
+             or (namespace is not None and spec.namespace == namespace)]
+    if not known:
+        return
+    where = f" ({', '.join(repr(k) for k in known)} is registered in this process)"
     exc.add_note(
         f"shmvec: a {start_method!r} worker is a fresh interpreter: it did not run the gymnasium.register() of your "
         f"script{where}. Use shmvec.make_env(env_id) as the factory (it carries the resolved EnvSpec to the "
         "worker; with SB3: make_vec_env(shmvec.make_env(env_id), ...)), or register the env in an importable module and use the id 'module:EnvName-v0'."
     )
+
+
+def _split_name(name: str) -> tuple[str | None, str]:
+    """``"ns/Name"`` -> ``("ns", "Name")``; ``"Name"`` -> ``(None, "Name")``."""
+    namespace, _, rest = name.rpartition("/")
+    return (namespace or None), rest

@@ -62,6 +62,7 @@ from shmvec._errors import (
     WorkerRestartWarning,
     WorkerTimeoutError,
 )
+from shmvec._actions import exact_integers, rows_reshaped
 from shmvec._layout import group_by_slice, split_envs
 from shmvec._recovery import RESTART_INFO_KEY
 
@@ -959,12 +960,21 @@ def _split_actions(space: spaces.Space, actions: Any, n_envs: int, slices: list[
     arr = np.asarray(actions)
     shape = (n_envs, *(space.shape or ()))
     if arr.shape != shape:
-        if arr.size != int(np.prod(shape, dtype=np.int64)):
+        rows = rows_reshaped(arr, n_envs, tuple(space.shape or ()))
+        if rows is None:  # a transposed batch, too: never reshaped into a mix of envs' actions
             raise ValueError(
                 f"actions{path} have shape {arr.shape}; expected {shape} "
-                f"(n_envs={n_envs} x the action space's {space.shape})"
+                f"(n_envs={n_envs} x the action space's {space.shape}; one row per env, first)"
             )
-        arr = arr.reshape(shape)
-    if space.dtype is not None and arr.dtype != space.dtype and not np.can_cast(arr.dtype, space.dtype, "same_kind"):
-        raise ValueError(f"actions{path} have dtype {arr.dtype}, which does not cast safely to {space.dtype}")
+        arr = rows
+    # Checked here, before any actor is sent anything, as a local ShmVecEnv checks: whole floats
+    # and integers that fit are taken for an integer space; narrowing never wraps.
+    dtype = space.dtype
+    if dtype is not None and arr.dtype != dtype and (dtype.kind in "iu" or not np.can_cast(arr.dtype, dtype, "same_kind")):
+        exact = exact_integers(arr, dtype)
+        if exact is None:
+            raise ValueError(f"actions{path} have dtype {arr.dtype}, which does not cast safely to {dtype} (floats or "
+                             "other integers are accepted for an integer space only when every value is a whole "
+                             "number that fits)")
+        arr = exact
     return [arr[sl.start:sl.stop] for sl in slices]

@@ -50,6 +50,9 @@ from shmvec._worker import worker_main
 _ERROR = int(P.Status.ERROR)
 _BROKEN_HINT = "The vec env cannot go on: call close() and build a new one."
 _CALL_HINT = "The vec env is still usable."
+_START_HINT = "The vec env was not built, and its workers were stopped: fix the cause and build it again."
+# Starting a worker imports its modules and builds its envs: a step-sized timeout is too short.
+_START_TIMEOUT_FLOOR_S = 60.0
 # Bounds of close(): polite exit, then SIGTERM, then SIGKILL.
 _CLOSE_JOIN_S = 5.0
 _TERMINATE_JOIN_S = 1.0
@@ -208,6 +211,19 @@ def _is_alive(p: Any) -> bool:
         return False
 
 
+def _whole(name: str, value: Any, minimum: int) -> int | None:
+    """``value`` as an int (None stays None): TypeError for a float, a string or a bool,
+    ValueError below ``minimum``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
 class ShmVecEnv(Recovery, VecEnv):
     """A vectorized environment whose workers step slices of the envs in shared memory.
 
@@ -228,7 +244,9 @@ class ShmVecEnv(Recovery, VecEnv):
         ``copy=True`` for them).
     :param worker_threads: cap on BLAS/OpenMP/torch threads in each worker (None: leave as is).
     :param timeout: seconds to wait for the workers on any command before raising
-        ``WorkerTimeoutError`` (None: wait as long as they are alive).
+        ``WorkerTimeoutError`` (None: wait as long as they are alive).  Starting workers (at
+        construction, and restarts) waits at least 60 s whatever this is: a new worker imports
+        its modules and builds its envs, which a step-sized timeout does not allow for.
     :param spin_us: microseconds a waiting side spins (yielding its core between bursts) before
         it sleeps on the futex, as ``(parent, worker)`` or one number for both.  Default: the
         parent spins up to 1000 us only when there are fewer workers than cores (a core of its
@@ -281,6 +299,7 @@ class ShmVecEnv(Recovery, VecEnv):
     # Class-level defaults: close() and __del__ are safe on a half-built object.
     closed = True
     waiting = False
+    _constructing = False
     _broken: BaseException | None = None
     _res: _Resources | None = None
     # How workers reset finished envs (_protocol): SB3 expects the reset within the same step.
@@ -305,22 +324,37 @@ class ShmVecEnv(Recovery, VecEnv):
         preload: Sequence[str] | None = None,
         action_masks: bool | None = None,
     ) -> None:
+        # Checked once, here: a wrong type would otherwise fail in a worker, or be coerced silently.
+        n_workers = _whole("n_workers", n_workers, 1)
+        envs_per_worker = _whole("envs_per_worker", envs_per_worker, 1)
+        worker_threads = _whole("worker_threads", worker_threads, 1)
+        mailbox_bytes = _whole("mailbox_bytes", mailbox_bytes, 1)
+        max_restarts = _whole("max_restarts", max_restarts, 0)
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+                raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
+            timeout = float(timeout)
+        if isinstance(preload, str):
+            raise TypeError(f"preload takes a list of module names, e.g. preload=[{preload!r}], not a string")
         # Every constructor argument but the factories, for describe().
         self._config = {k: v for k, v in locals().items() if k not in ("self", "env_fns", "__class__")}
+        if isinstance(env_fns, gym.Env) or callable(env_fns) or isinstance(env_fns, (str, bytes)):
+            raise TypeError(
+                f"env_fns must be a list of factories, got one {type(env_fns).__name__}: "
+                "ShmVecEnv([make_env] * n_envs), or make_vec_env(env_id, n_envs, vec_env_cls=ShmVecEnv)."
+            )
         env_fns = list(env_fns)
         n_envs = len(env_fns)
         if n_envs == 0:
             raise ValueError("ShmVecEnv needs at least one env factory")
         F.check_factories(env_fns)
         if envs_per_worker is not None:
-            if envs_per_worker < 1:
-                raise ValueError(f"envs_per_worker must be at least 1, got {envs_per_worker}")
-            needed = -(-n_envs // int(envs_per_worker))
+            needed = -(-n_envs // envs_per_worker)
             if n_workers is not None and int(n_workers) != needed:
                 raise ValueError(f"n_workers={n_workers} contradicts envs_per_worker={envs_per_worker} for "
                                  f"{n_envs} envs ({needed} workers): pass one of them")
             n_workers = needed
-        n_workers = default_n_workers(n_envs) if n_workers is None else int(n_workers)
+        n_workers = default_n_workers(n_envs) if n_workers is None else n_workers
         if not 1 <= n_workers <= n_envs:
             raise ValueError(f"n_workers must be in [1, {n_envs}] for {n_envs} envs, got {n_workers}")
         start_method = start_method or default_start_method()
@@ -361,12 +395,19 @@ class ShmVecEnv(Recovery, VecEnv):
         self._finalizer = weakref.finalize(self, res.release)
         res.processes, res.conns = [], []
         self.closed = False
+        step_timeout = timeout
+        if timeout is not None:
+            self.timeout = max(timeout, _START_TIMEOUT_FLOOR_S)  # read by the pipe waits
+        self._constructing = True
         try:
             self._start_workers(payloads, worker_threads, mailbox_bytes)
         except BaseException:
             self.closed = True
             self._finalizer()
             raise
+        finally:
+            self.timeout = step_timeout
+            self._constructing = False
 
     # ---- construction ------------------------------------------------------------------------------
     @staticmethod
@@ -397,7 +438,7 @@ class ShmVecEnv(Recovery, VecEnv):
 
         # Handshake 1: every worker reports its spaces (no env is ever built here).
         try:
-            hellos = [self._recv(w, "env construction", _BROKEN_HINT) for w in range(self.n_workers)]
+            hellos = [self._recv(w, "env construction", _START_HINT) for w in range(self.n_workers)]
         except Exception as exc:
             F.explain_construction_error(exc, self.start_method)
             raise
@@ -430,7 +471,7 @@ class ShmVecEnv(Recovery, VecEnv):
             conn.send(("attach", (res.shm.name, layout.n_envs, self.n_workers, mailbox_bytes, mask_size,
                                   self._masks_live)))
         for w in range(self.n_workers):
-            self._recv(w, "attach", _BROKEN_HINT)
+            self._recv(w, "attach", _START_HINT)
             res.ready.add(w)
         res.unlink()
 
@@ -485,6 +526,7 @@ class ShmVecEnv(Recovery, VecEnv):
         # No local name for a view of the buffers here or in _write_actions: the traceback of an
         # exception raised below would keep the mapping (and its fd) alive after close().
         mailbox_bytes = self._layout.mailbox_bytes
+        in_pipe: dict[int, bytes] = {}
         for w, sl in enumerate(self.slices):
             seeds = all_seeds[sl.start:sl.stop]
             options = all_options[sl.start:sl.stop]
@@ -497,18 +539,32 @@ class ShmVecEnv(Recovery, VecEnv):
             elif has_seeds or has_options:
                 data = pickle.dumps((seeds if has_seeds else None, options if has_options else None), protocol=5)
             if mask is not None or has_seeds or has_options:
-                if len(data) >= mailbox_bytes:
-                    raise ValueError(
-                        f"reset options of envs {sl.start}..{sl.stop - 1} take {len(data)} bytes, more than the "
-                        f"mailbox of {mailbox_bytes}: pass a larger mailbox_bytes to ShmVecEnv"
-                    )
-                self._views.mailbox[w, :len(data)] = np.frombuffer(data, dtype=np.uint8)
-                arg_len = len(data)
+                if len(data) >= mailbox_bytes:  # sent through the pipe once posted (protocol, step 1)
+                    in_pipe[w], arg_len = data, P.ARG_IN_PIPE
+                else:
+                    self._views.mailbox[w, :len(data)] = np.frombuffer(data, dtype=np.uint8)
+                    arg_len = len(data)
             self._words.store(P.word(w, P.ARG_LEN), arg_len)
             if self._restart:  # a worker restarted during this reset gets the same seeds and options
                 self._reset_args[w] = data if arg_len else None
         self._post(P.Cmd.RESET)
+        self._send_args(in_pipe, "reset")
         return self._complete("reset")
+
+    def _send_args(self, in_pipe: dict[int, bytes], command: str) -> None:
+        """Sends the posted command's arguments that did not fit in the mailbox (ARG_IN_PIPE)."""
+        for w, data in in_pipe.items():
+            try:
+                self._res.conns[w].send_bytes(data)  # type: ignore[union-attr]
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                if self._restart:
+                    continue  # the worker died: the command's completion restarts it
+                self._raise_if_died(w, command)
+                self._broken = self._broken or exc
+                raise
+            except BaseException as exc:  # interrupted half way: the worker waits for the rest
+                self._broken = self._broken or exc
+                raise
 
     def step_async(self, actions: np.ndarray) -> None:
         """Writes ``actions`` into shared memory and starts every worker.
@@ -775,7 +831,7 @@ class ShmVecEnv(Recovery, VecEnv):
                     f"(n_envs={self.num_envs} x the action space's {leaf.shape}; one row per env, first)"
                 )
             arr = rows
-        if arr.dtype != leaf.dtype and not np.can_cast(arr.dtype, leaf.dtype, "same_kind"):
+        if arr.dtype != leaf.dtype and (leaf.dtype.kind in "iu" or not np.can_cast(arr.dtype, leaf.dtype, "same_kind")):
             exact = exact_integers(arr, leaf.dtype)  # whole floats, as SB3 sends MultiBinary actions
             if exact is None:
                 where = "".join(f"[{k!r}]" for k in leaf.path)
@@ -882,10 +938,12 @@ class ShmVecEnv(Recovery, VecEnv):
             return pickle.loads(self._recv_raw(w, command, raw_bytes=True))
         return load_result(self._views.mailbox[w, :n]) if n else []
 
-    def _check_workers_alive(self, command: str) -> None:
+    def _check_workers_alive(self, command: str, workers: Any = None) -> None:
+        """Raises WorkerDiedError if a worker (of ``workers``, default all) has died."""
         res = self._res
         assert res is not None
-        dead = mp_wait(list(self._sentinels), timeout=0)
+        sentinels = list(self._sentinels) if workers is None else [res.processes[w].sentinel for w in workers]
+        dead = mp_wait(sentinels, timeout=0)
         if dead:
             # The sentinel is ready once the process has closed its descriptors, which can be a
             # moment before it can be reaped: join(0) would often report it as "still running".
@@ -916,12 +974,14 @@ class ShmVecEnv(Recovery, VecEnv):
             if conn in ready or conn.poll(0):
                 return
             if ready:
-                self._check_workers_alive(command)
+                self._check_workers_alive(command, [w])
             if self.timeout is not None and time.monotonic() - since >= self.timeout:
                 sl = self.slices[w]
+                what = (_START_HINT if self._constructing
+                        else "Call close() (it terminates it) and build a new vec env.")
                 self._broken = WorkerTimeoutError(
                     f"{command}: worker {w} (envs {sl.start}..{sl.stop - 1}) did not answer within "
-                    f"{self.timeout:g} s. Call close() (it terminates it) and build a new vec env."
+                    f"{self.timeout:g} s. {what}"
                 )
                 raise self._broken
 

@@ -137,3 +137,27 @@ def flaky_factory(marker: str, index: int = 0) -> gym.Env:
         pass
     return make_crash_env(index, at=2, how="kill")
 
+
+class RebuiltDiffersEnv(CrashEnv):
+    """A CrashEnv whose rebuilt copy (built once the ``once`` marker exists) resets differently:
+    ``rebuilt="slow"`` naps 0.3 s in each reset, ``"raise"`` raises there; ``reset_blob`` bytes of
+    reset info (more than a small mailbox: the pipe)."""
+
+    def __init__(self, index: int = 0, rebuilt: str = "slow", reset_blob: int = 0, **kwargs) -> None:
+        super().__init__(index, **kwargs)
+        self.rebuilt = rebuilt if self.once is not None and os.path.exists(self.once) else None
+        self.reset_blob = reset_blob
+
+    def reset(self, *, seed=None, options=None):
+        if self.rebuilt == "slow":
+            time.sleep(0.3)
+        elif self.rebuilt == "raise":
+            raise testenvs.EnvBoom("the rebuilt env fails to reset")
+        obs, info = super().reset(seed=seed, options=options)
+        if self.reset_blob:
+            info = dict(info, blob=np.zeros(self.reset_blob, dtype=np.uint8))
+        return obs, info
+
+
+def make_rebuilt_differs_env(index: int = 0, **kwargs) -> gym.Env:
+    return gym.wrappers.TimeLimit(RebuiltDiffersEnv(index, **kwargs), max_episode_steps=25)

@@ -713,12 +713,12 @@ def test_close_reraises_an_env_close_error_after_releasing_everything():
     env.close()  # idempotent; the leak check verifies nothing is left
 
 
-def test_too_large_reset_options_raise_value_error(build):
+def test_reset_options_larger_than_the_mailbox_arrive(build):
     env = build(testenvs.bare_env_fns(2), n_workers=1, mailbox_bytes=256)
-    env.set_options({"offset": 1.0, "blob": "x" * 1000})
-    with pytest.raises(ValueError, match="mailbox"):
-        env.reset()
-    env.set_options({"offset": 1.0})
+    env.set_options({"offset": 2.0, "blob": "x" * 1000})  # through the pipe (ARG_IN_PIPE)
+    env.reset()
+    assert [info["offset"] for info in env.reset_infos] == [2.0, 2.0]
+    env.set_options({"offset": 1.0})  # back through the mailbox
     env.reset()
     assert [info["offset"] for info in env.reset_infos] == [1.0, 1.0]
 
@@ -1012,5 +1012,12 @@ def test_repeated_and_negative_indices_behave_like_dummy_vec_env(build):
         assert env.get_attr("counter") == ref.get_attr("counter") == [3, 1, 0, 0, 2]
         with pytest.raises(IndexError):
             env.get_attr("tag", -6)
+        # A non-integer index raises before any env is called, as in DummyVecEnv (not after the
+        # workers holding the other indices have run the method).
+        for venv in (env, ref):
+            with pytest.raises(TypeError):
+                venv.env_method("bump", indices=[0, 1.0, 3])
+        assert env.get_attr("counter") == ref.get_attr("counter") == [3, 1, 0, 0, 2]
+        assert env.get_attr("tag", [np.int64(1), True]) == ref.get_attr("tag", [np.int64(1), True]) == [1, 1]
     finally:
         ref.close()

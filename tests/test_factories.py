@@ -626,3 +626,147 @@ def test_envs_per_worker_arguments():
         ShmVecEnv(fns, envs_per_worker=1, n_workers=2, start_method="fork")
     with pytest.raises(ValueError, match="envs_per_worker"):
         ShmVecEnv(fns, envs_per_worker=0, start_method="fork")
+
+
+# ---------------------------------------------------------------------------------------------
+# Classes of the user's script coming back from spawn/forkserver workers; argument checks
+# ---------------------------------------------------------------------------------------------
+
+MAIN_CLASSES_SCRIPT = '''
+import dataclasses, json, sys
+import numpy as np
+import gymnasium as gym
+from gymnasium import spaces
+
+
+class MyBox(spaces.Box):
+    """A space subclass of this script: it reaches the parent in the spaces handshake."""
+
+
+@dataclasses.dataclass
+class Contact:
+    body: str
+    force: float
+
+
+class ContactEnv(gym.Env):
+    def __init__(self):
+        self.observation_space = MyBox(-1.0, 1.0, (2,), np.float32)
+        self.action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {"contact": Contact("foot", 1.5)}
+
+    def last_contact(self):
+        return Contact("hand", 2.0)
+
+
+if __name__ == "__main__":
+    from shmvec import ShmVecEnv
+    out = {}
+    for method in ("spawn", "forkserver"):
+        env = ShmVecEnv([ContactEnv] * 2, n_workers=2, start_method=method)
+        try:
+            env.reset()
+            _, _, _, infos = env.step(np.zeros(2, dtype=np.int64))
+            answers = env.env_method("last_contact")
+            out[method] = [
+                type(env.observation_space) is MyBox,
+                all(type(i["contact"]) is Contact and i["contact"] == Contact("foot", 1.5) for i in infos),
+                answers == [Contact("hand", 2.0)] * 2 and all(type(a) is Contact for a in answers),
+            ]
+        finally:
+            env.close()
+    print(json.dumps(out))
+'''
+
+
+def test_classes_of_the_users_script_come_back_from_spawn_and_forkserver_workers_as_themselves(tmp_path):
+    """A class defined in __main__ reaches spawn/forkserver workers by value (cloudpickle); a
+    space, an info or an answer holding one comes back as the parent's own class (pickle alone
+    cannot name it there: "not the same object as __main__.X")."""
+    script = tmp_path / "main_classes.py"
+    script.write_text(MAIN_CLASSES_SCRIPT)
+    proc = run_script(script)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout) == {"spawn": [True, True, True], "forkserver": [True, True, True]}, proc.stdout
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"worker_threads": 0}, ValueError, "worker_threads must be at least 1"),
+    ({"worker_threads": 2.5}, TypeError, "worker_threads must be a whole number"),
+    ({"n_workers": "2"}, TypeError, "n_workers must be a whole number"),
+    ({"n_workers": 2.7}, TypeError, "n_workers must be a whole number"),
+    ({"n_workers": True}, TypeError, "n_workers must be a whole number"),
+    ({"envs_per_worker": "2"}, TypeError, "envs_per_worker must be a whole number"),
+    ({"timeout": "5"}, TypeError, "timeout must be a number"),
+    ({"mailbox_bytes": 0}, ValueError, "mailbox_bytes must be at least 1"),
+    ({"cpu_affinity": 1}, TypeError, "cpu_affinity=1: pass True, or a list"),
+    ({"cpu_affinity": "01"}, TypeError, "cpu_affinity='01'"),
+    ({"cpu_affinity": [1.7]}, TypeError, "names cores by number"),
+    ({"cpu_affinity": [True]}, TypeError, "names cores by number"),
+    ({"preload": "torch", "start_method": "forkserver"}, TypeError, r"preload takes a list of module names, e.g. preload=\['torch'\]"),
+])
+def test_bad_option_types_are_refused_before_any_worker_starts(kwargs, error, match):
+    kwargs.setdefault("start_method", "fork")
+    with pytest.raises(error, match=match):
+        ShmVecEnv(testenvs.bare_env_fns(2), **kwargs)
+
+
+def test_one_factory_instead_of_a_list_is_refused_saying_what_to_pass():
+    with pytest.raises(TypeError, match=r"env_fns must be a list of factories, got one EnvFactory"):
+        ShmVecEnv(make_env("CartPole-v1"), start_method="fork")
+
+
+def test_numpy_integer_options_are_taken_and_described_as_plain_ints():
+    env = ShmVecEnv([make_env("CartPole-v1")] * 2, n_workers=np.int64(2), start_method="fork")
+    try:
+        assert env.n_workers == 2
+        d = env.describe()
+        assert json.loads(json.dumps(d))["options"]["n_workers"] == 2
+    finally:
+        env.close()
+
+
+def test_make_env_takes_sb3_env_kwargs_through_make_vec_env():
+    env = make_vec_env(make_env("CartPole-v1"), n_envs=2, env_kwargs={"max_episode_steps": 3},
+                       vec_env_cls=ShmVecEnv, vec_env_kwargs={"start_method": "fork"})
+    try:
+        env.reset()
+        dones = [env.step(np.zeros(2, dtype=np.int64))[2] for _ in range(3)]
+        assert not dones[0].any() and dones[2].all()  # the override reached gym.make
+    finally:
+        env.close()
+
+
+def test_a_factory_that_raises_is_named_by_its_env_index_and_its_sys_exit_is_an_error():
+    fns = [testenvs.make_cartpole] * 3 + [testenvs.exit_instead_of_building]
+    with pytest.raises(BaseException) as info:
+        ShmVecEnv(fns, n_workers=2, start_method="fork")
+    text = "\n".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    assert "env 3" in text and "SystemExit" in text, text
+    assert "was not built" in text and "call close()" not in text, text
+
+
+def test_a_typo_in_an_env_id_gets_no_note_about_registering_in_the_script():
+    """The make_env note is for ids registered in this process only: a misspelt id is a typo
+    (Gymnasium's own "Did you mean" says so), not a registration the worker missed."""
+    from shmvec.factories import explain_construction_error
+
+    typo = gym.error.NameNotFound("Environment `CartPoel` doesn't exist. Did you mean: `CartPole`?")
+    explain_construction_error(typo, "spawn")
+    assert not getattr(typo, "__notes__", [])
+    gym.register(id="ShmvecTypoCheck-v0", entry_point="testenvs:SpacesEnv")
+    try:
+        missed = gym.error.NameNotFound("Environment `ShmvecTypoCheck` doesn't exist.")
+        explain_construction_error(missed, "spawn")
+        assert "'ShmvecTypoCheck-v0' is registered in this process" in missed.__notes__[0]
+        explain_construction_error(missed := gym.error.NameNotFound("Environment `ShmvecTypoCheck` doesn't exist."),
+                                   "fork")
+        assert not getattr(missed, "__notes__", [])  # fork workers inherit the registry
+    finally:
+        del gym.registry["ShmvecTypoCheck-v0"]

@@ -754,3 +754,154 @@ def test_raise_mode_is_unchanged_by_the_recovery_code():
     finally:
         env.close()
 
+
+
+# ---- restarts meeting other failures (review of the tenth session) ---------------------------------
+
+def _restart_env(fns: list, **kwargs) -> ShmVecEnv:
+    kwargs.setdefault("timeout", 30.0)
+    return ShmVecEnv(fns, n_workers=len(fns), start_method="fork", on_failure="restart", **kwargs)
+
+
+def _kill(env: ShmVecEnv, w: int) -> None:
+    proc = env._res.processes[w]
+    os.kill(proc.pid, signal.SIGKILL)
+    mp_wait([proc.sentinel], timeout=10)
+
+
+def test_a_worker_killed_while_another_is_restarted_is_restarted_at_the_next_step(tmp_path):
+    """Env 0 raises; while its new worker resets (slowly, as a simulator loads), worker 1 is
+    killed. Only a failure *of the restart* breaks the vec env: worker 1 is restarted next step."""
+    marker = str(tmp_path / "env0-failed")
+    fns = [functools.partial(faultenvs.make_rebuilt_differs_env, 0, rebuilt="slow", at=2, how="raise",
+                             once=marker)]
+    fns += [functools.partial(faultenvs.make_rebuilt_differs_env, i) for i in (1, 2)]
+    env = _restart_env(fns)
+    spawn = env._spawn_worker
+
+    def spawn_then_kill_worker_1(w):  # the OOM killer strikes as the new worker starts
+        spawn(w)
+        _kill(env, 1)
+
+    try:
+        env.reset()
+        env.step(np.zeros(3, dtype=np.int64))
+        env._spawn_worker = spawn_then_kill_worker_1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", WorkerRestartWarning)
+            _, _, dones, infos = env.step(np.zeros(3, dtype=np.int64))
+            env._spawn_worker = spawn
+            assert dones.tolist() == [True, False, False] and RESTART_INFO_KEY in infos[0]
+            _, _, dones, infos = env.step(np.zeros(3, dtype=np.int64))
+        assert dones.tolist() == [False, True, False] and "SIGKILL" in infos[1][RESTART_INFO_KEY]
+        assert env.restarts == 2
+        env.step(np.zeros(3, dtype=np.int64))
+    finally:
+        env.close()
+
+
+def test_close_after_step_async_skips_a_worker_restarted_before_a_rare_command(tmp_path):
+    """Worker 1 killed between steps, restarted by get_attr; its reset infos went through the
+    pipe (larger than the mailbox) and were read then. close() after step_async must not wait
+    for them a second time (it hung)."""
+    fns = [functools.partial(faultenvs.make_rebuilt_differs_env, i, reset_blob=20_000) for i in range(2)]
+    env = _restart_env(fns, mailbox_bytes=4096, timeout=None)
+    try:
+        env.reset()
+        env.step(np.zeros(2, dtype=np.int64))
+        _kill(env, 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", WorkerRestartWarning)
+            assert env.get_attr("tag") == [0, 1] and env.restarts == 1
+        env.step_async(np.zeros(2, dtype=np.int64))
+        start = time.monotonic()
+        env.close()
+        assert time.monotonic() - start < 5.0
+    finally:
+        env.close()
+
+
+def _shm_mappings() -> list[str]:
+    with open("/proc/self/maps") as f:
+        return [line.split()[-1] for line in f if "/shmvec_" in line]
+
+
+def test_a_failed_restart_leaves_no_mapping_after_close(tmp_path):
+    """The rebuilt env raises in reset: the vec env breaks (documented), and close() still unmaps
+    the block although the error (and its traceback) stays referenced by the vec env."""
+    marker = str(tmp_path / "env1-failed")
+    fns = [functools.partial(faultenvs.make_rebuilt_differs_env, 0),
+           functools.partial(faultenvs.make_rebuilt_differs_env, 1, rebuilt="raise", at=2, how="raise",
+                             once=marker)]
+    env = _restart_env(fns)
+    try:
+        env.reset()
+        env.step(np.zeros(2, dtype=np.int64))
+        with pytest.raises(testenvs.EnvBoom, match="fails to reset"):
+            env.step(np.zeros(2, dtype=np.int64))
+        assert env._broken is not None
+        env.close()
+        assert _shm_mappings() == []
+    finally:
+        env.close()
+
+
+def test_a_restart_warning_turned_into_an_error_loses_no_truncation_report():
+    """-W error::WorkerRestartWarning: the rare command raises the warning, and the next step still
+    reports the restarted env's episode as truncated (the old episode never runs into the new)."""
+    env = _restart_env([functools.partial(faultenvs.make_rebuilt_differs_env, i) for i in range(2)])
+    try:
+        env.reset()
+        last, _, _, _ = env.step(np.zeros(2, dtype=np.int64))
+        _kill(env, 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", WorkerRestartWarning)
+            with pytest.raises(WorkerRestartWarning):
+                env.get_attr("tag")
+        _, rewards, dones, infos = env.step(np.zeros(2, dtype=np.int64))
+        assert dones.tolist() == [False, True] and RESTART_INFO_KEY in infos[1]
+        np.testing.assert_array_equal(infos[1]["terminal_observation"], last[1])
+    finally:
+        env.close()
+
+
+def test_a_step_sized_timeout_still_lets_spawn_workers_start():
+    """timeout= bounds commands; starting workers (imports, env construction) waits at least 60 s."""
+    env = ShmVecEnv(testenvs.bare_env_fns(2), n_workers=2, start_method="spawn", timeout=0.05)
+    try:
+        assert env.timeout == 0.05
+        env.reset()
+        env.step(np.zeros(2, dtype=np.int64))
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("cls", ["ShmVecEnv", "ShmVectorEnv"])
+def test_narrower_integer_box_actions_are_checked_not_wrapped(cls):
+    """int64 actions for an int32 Box: numpy calls the cast "same kind", but 2**32 + 7 would wrap
+    to 7. Taken when every value fits, refused otherwise (as for a uint8 space)."""
+    from shmvec import ShmVectorEnv
+
+    fns = testenvs.bare_env_fns(2, act_kind="box_i32")
+    env = (ShmVecEnv if cls == "ShmVecEnv" else ShmVectorEnv)(fns, n_workers=2, start_method="fork")
+    try:
+        env.reset()
+        env.step(np.array([[5, -3], [100, -100]], dtype=np.int64))
+        engine = env if cls == "ShmVecEnv" else env._engine
+        np.testing.assert_array_equal(engine._views.act[()], [[5, -3], [100, -100]])
+        with pytest.raises(ValueError, match="dtype int64"):
+            env.step(np.array([[2**32 + 7, -1], [0, 0]], dtype=np.int64))
+    finally:
+        env.close()
+
+
+def test_bool_box_takes_zero_and_one_of_another_dtype():
+    env = _bare("box_bool", n=2)
+    try:
+        env.reset()
+        env.step(np.array([[1, 0], [0, 1]], dtype=np.int64))
+        np.testing.assert_array_equal(env._views.act[()], [[True, False], [False, True]])
+        with pytest.raises(ValueError, match="dtype int64"):
+            env.step(np.array([[2, 0], [0, 1]], dtype=np.int64))
+    finally:
+        env.close()

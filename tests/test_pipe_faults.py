@@ -170,9 +170,17 @@ def test_a_reward_numpy_cannot_convert_names_its_env():
 
 def test_metadata_that_does_not_pickle_fails_construction_saying_so():
     with pytest.raises(Exception) as info:
-        _env([testenvs.make_lambda_metadata_env] * 2)
+        _env([testenvs.make_lock_metadata_env] * 2)
     notes = " ".join(getattr(info.value, "__notes__", []))
     assert "metadata" in notes and "env construction" in notes, (info.value, notes)
+
+
+def test_metadata_holding_a_lambda_arrives_through_cloudpickle():
+    env = _env([testenvs.make_lambda_metadata_env] * 2)
+    try:
+        assert callable(env.metadata["hook"]) and env.metadata["hook"]() is None
+    finally:
+        env.close()
 
 
 class _InterruptAfter:
@@ -378,5 +386,57 @@ def test_an_interrupt_in_the_middle_of_a_large_message_still_closes_the_worker_g
         env.close()
         assert time.monotonic() - start < 2.0
         assert sorted(codes.values()) == [0, 0], codes
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("face", ["ShmVecEnv", "ShmVectorEnv"])
+def test_reset_options_larger_than_the_mailbox_go_through_the_pipe(face):
+    """A 1 MiB level map in the reset options (more than the mailbox): sent through the worker's
+    pipe once RESET is posted, as DummyVecEnv / SyncVectorEnv pass any options."""
+    from shmvec import ShmVectorEnv
+
+    fns = [functools.partial(testenvs.make_pipe_env, i) for i in range(4)]
+    level = np.arange(HUGE // 8, dtype=np.int64)
+    if face == "ShmVecEnv":
+        env = _env(fns, mailbox_bytes=4096)
+        try:
+            env.set_options({"level": level})
+            env.reset()
+            assert env.env_method("last_option_sum") == [int(level.sum())] * 4
+            env.set_options([{"level": level[: 10 * (i + 1)]} for i in range(4)])
+            env.reset()
+            assert env.env_method("last_option_sum") == [int(level[: 10 * (i + 1)].sum()) for i in range(4)]
+        finally:
+            env.close()
+    else:
+        env = ShmVectorEnv(fns, n_workers=2, start_method="fork", mailbox_bytes=4096)
+        try:
+            env.reset(seed=1, options={"level": level})
+            assert env.call("last_option_sum") == (int(level.sum()),) * 4
+        finally:
+            env.close()
+
+
+def test_an_interrupt_while_large_reset_options_are_sent_breaks_the_env_and_close_is_prompt():
+    env = _env(_pipe_envs(), mailbox_bytes=4096)
+    try:
+        conn = env._res.conns[0]
+
+        def half_then_interrupted(data):
+            n = len(data)
+            conn._send(n.to_bytes(4, "big", signed=True) + bytes(data[: n // 2]))
+            raise KeyboardInterrupt
+
+        conn.send_bytes = half_then_interrupted
+        env.set_options({"level": np.zeros(HUGE // 8)})
+        with pytest.raises(KeyboardInterrupt):
+            env.reset()
+        del conn.send_bytes
+        with pytest.raises(BrokenVecEnvError):
+            env.reset()
+        start = time.monotonic()
+        env.close()
+        assert time.monotonic() - start < 3.0
     finally:
         env.close()

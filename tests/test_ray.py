@@ -258,7 +258,9 @@ def test_attribute_and_method_calls_reach_the_right_env(cluster):
         with pytest.raises(ValueError, match="shape"):
             env.step_async(np.zeros(4, dtype=np.int64))
         with pytest.raises(ValueError, match="dtype"):
-            env.step_async(np.zeros(5, dtype=np.float32))
+            env.step_async(np.full(5, 0.5, dtype=np.float32))  # whole floats would be taken, as locally
+        with pytest.raises(ValueError, match="shape"):
+            env.step_async(np.zeros((1, 5), dtype=np.int64))  # transposed: refused, never reshaped
         env.step(np.zeros(5, dtype=np.int64))  # a refused action sent nothing
     finally:
         close_all(env)

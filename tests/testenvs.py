@@ -83,6 +83,10 @@ def make_act_space(kind: str) -> spaces.Space:
         return spaces.MultiBinary(3)
     if kind == "multidiscrete_u8":
         return spaces.MultiDiscrete([2, 200], dtype=np.uint8)
+    if kind == "box_i32":
+        return spaces.Box(-100, 100, shape=(2,), dtype=np.int32)
+    if kind == "box_bool":
+        return spaces.Box(0, 1, shape=(2,), dtype=np.bool_)
     raise ValueError(f"unknown action kind {kind!r}")
 
 
@@ -437,6 +441,11 @@ def make_cartpole() -> gym.Env:
     return gym.make("CartPole-v1")
 
 
+def exit_instead_of_building() -> gym.Env:
+    """A factory that calls sys.exit(3) (a script's argument check, say) instead of building."""
+    sys.exit(3)
+
+
 # ---------------------------------------------------------------------------------------------
 # Misbehaving factories
 # ---------------------------------------------------------------------------------------------
@@ -549,6 +558,15 @@ class PipeEnv(SpacesEnv):
                 reward = "not a number"
         return obs, reward, terminated, truncated, info
 
+    def reset(self, *, seed=None, options=None):
+        level = (options or {}).get("level")
+        self.option_sum = None if level is None else int(np.asarray(level).sum())
+        return super().reset(seed=seed, options=options)
+
+    def last_option_sum(self) -> int | None:
+        """The sum of the ``level`` array of the last reset's options."""
+        return self.option_sum
+
     def size_of(self, value: Any) -> int:
         return len(value)
 
@@ -564,7 +582,7 @@ def make_pipe_env(index: int = 0, **kwargs: Any) -> gym.Env:
 
 
 class LambdaMetadataEnv(SpacesEnv):
-    """Its metadata holds a lambda, which does not pickle."""
+    """Its metadata holds a lambda: pickle cannot send it, cloudpickle can."""
 
     def __init__(self) -> None:
         super().__init__("box", "discrete")
@@ -573,6 +591,18 @@ class LambdaMetadataEnv(SpacesEnv):
 
 def make_lambda_metadata_env() -> gym.Env:
     return LambdaMetadataEnv()
+
+
+class LockMetadataEnv(SpacesEnv):
+    """Its metadata holds a lock, which neither pickle nor cloudpickle can send."""
+
+    def __init__(self) -> None:
+        super().__init__("box", "discrete")
+        self.metadata = {"render_modes": [], "lock": threading.Lock()}
+
+
+def make_lock_metadata_env() -> gym.Env:
+    return LockMetadataEnv()
 
 
 class UnevenInfoEnv(SpacesEnv):
