@@ -33,6 +33,10 @@ resetting a new worker may take ``max(timeout, 60)`` seconds (imports are slow).
 :class:`~shmvec._errors.TooManyRestartsError` (``max_restarts=None``: no limit); so does a
 command in which more workers fail than restarts are left (all are restarted, or none).
 A worker found dead while others are being restarted is restarted at the next command.
+With WorkerRestartWarning turned into an error (``-W error``), a restart during a step or a
+reset raises it once the restart is done, and the vec env is broken (that step's results are
+lost with the exception); a restart before a rare command raises it from the call, and the
+next step still reports the truncation.
 With ``copy=False``, a restart before a rare command writes the new envs' reset observations
 into the shared buffers at once: views returned by the last step change under the caller.
 

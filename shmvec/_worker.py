@@ -99,7 +99,8 @@ def dumps(obj: Any) -> bytes:
     except Exception as exc:
         try:
             return cloudpickle.dumps(obj, protocol=5)
-        except Exception:
+        except Exception as again:  # pickle's error names the first object it met; cloudpickle's the real culprit
+            exc.add_note(f"shmvec: cloudpickle failed too: {type(again).__name__}: {again}")
             raise exc from None
 
 
@@ -607,7 +608,8 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
                                       all(has_action_masks(env) for env in envs))))
         except Exception as exc:
             exc.add_note("shmvec: the first env's observation_space, action_space, render_mode and metadata "
-                         "go to the parent with pickle: keep lambdas and open handles out of them.")
+                         "go to the parent pickled (cloudpickle for lambdas and classes of your script): keep open "
+                         "handles (locks, sockets, files) out of them.")
             conn.send(("error", pack_exception(exc, env_index=env_range.start, worker=index,
                                                command="env construction")))
             return

@@ -153,7 +153,7 @@ class EnvFactory:
         env_kwargs=...)`` calls ``factory(**env_kwargs)``)."""
         if self.module is not None:
             importlib.import_module(self.module)
-        kwargs = copy.deepcopy({**self.kwargs, **overrides})
+        kwargs = {**copy.deepcopy(dict(self.kwargs)), **overrides}  # the caller's objects as they are (SB3)
         if self.spec is not None:
             env = gym.make(_spec_from_fields(self.spec), **kwargs)
         else:
@@ -811,13 +811,7 @@ def explain_construction_error(exc: BaseException, start_method: str) -> None:
         return
     # The id the worker asked for, as Gymnasium's messages name it ("Environment `X` doesn't exist",
     # "Namespace X not found"): a note only if this process knows it, so a typo gets none.
-    asked = re.search(r"Environment `([^`]+)` doesn't exist|Namespace (\S+) not found", text)
-    if asked is None:
-        return
-    name, namespace = asked.group(1), asked.group(2)
-    known = [env_id for env_id, spec in gym.registry.items()
-             if (name is not None and (spec.namespace, spec.name) == _split_name(name))
-             or (namespace is not None and spec.namespace == namespace)]
+    known = [env_id for env_id, spec in gym.registry.items() if _asked_for(text, spec)]
     if not known:
         return
     where = f" ({', '.join(repr(k) for k in known)} is registered in this process)"
@@ -828,7 +822,22 @@ def explain_construction_error(exc: BaseException, start_method: str) -> None:
     )
 
 
-def _split_name(name: str) -> tuple[str | None, str]:
-    """``"ns/Name"`` -> ``("ns", "Name")``; ``"Name"`` -> ``(None, "Name")``."""
-    namespace, _, rest = name.rpartition("/")
-    return (namespace or None), rest
+def _asked_for(text: str, spec: gym.envs.registration.EnvSpec) -> bool:
+    """Whether Gymnasium's "not found" message ``text`` is about the registered ``spec``: the
+    id the worker asked for, as its messages name it."""
+    for pattern, fields in (
+        (r"Environment version `v(\d+)` for environment `([^`]+)` doesn't exist", ("version", "name")),
+        (r"Environment `([^`]+)` doesn't exist in namespace (\S+?)\.", ("name", "namespace")),
+        (r"Environment `([^`]+)` doesn't exist", ("name",)),
+        (r"Namespace (\S+) not found", ("namespace",)),
+    ):
+        found = re.search(pattern, text)
+        if found is None:
+            continue
+        asked = dict(zip(fields, found.groups()))
+        if "name" in asked and "/" in asked["name"]:
+            asked["namespace"], asked["name"] = asked["name"].rsplit("/", 1)
+        elif fields == ("name",):
+            asked["namespace"] = "None"  # no namespace named: the id has none
+        return all(str(getattr(spec, key)) == value for key, value in asked.items())
+    return False

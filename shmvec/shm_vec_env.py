@@ -12,6 +12,7 @@ import numbers
 import os
 import pickle
 import secrets
+import select
 import time
 import warnings
 import weakref
@@ -212,13 +213,15 @@ def _is_alive(p: Any) -> bool:
 
 
 def _whole(name: str, value: Any, minimum: int) -> int | None:
-    """``value`` as an int (None stays None): TypeError for a float, a string or a bool,
-    ValueError below ``minimum``."""
+    """``value`` as an int (None stays None): integers, and floats of whole value
+    (``os.cpu_count() / 2``); TypeError for 2.5, a string or a bool, ValueError below ``minimum``."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and (
+            isinstance(value, numbers.Integral) or float(value).is_integer()):
+        value = int(value)
+    else:
         raise TypeError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
-    value = int(value)
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
     return value
@@ -329,11 +332,15 @@ class ShmVecEnv(Recovery, VecEnv):
         envs_per_worker = _whole("envs_per_worker", envs_per_worker, 1)
         worker_threads = _whole("worker_threads", worker_threads, 1)
         mailbox_bytes = _whole("mailbox_bytes", mailbox_bytes, 1)
+        if isinstance(max_restarts, numbers.Real) and math.isinf(max_restarts) and max_restarts > 0:
+            max_restarts = None  # no limit, as None says
         max_restarts = _whole("max_restarts", max_restarts, 0)
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
                 raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
             timeout = float(timeout)
+            if math.isnan(timeout):
+                raise ValueError("timeout must be a number of seconds or None, got nan")
         if isinstance(preload, str):
             raise TypeError(f"preload takes a list of module names, e.g. preload=[{preload!r}], not a string")
         # Every constructor argument but the factories, for describe().
@@ -401,8 +408,10 @@ class ShmVecEnv(Recovery, VecEnv):
         self._constructing = True
         try:
             self._start_workers(payloads, worker_threads, mailbox_bytes)
-        except BaseException:
+        except BaseException as exc:
             self.closed = True
+            if isinstance(exc, WorkerTimeoutError):
+                res.release(polite=False)  # a worker stuck in a factory would not answer CLOSE either
             self._finalizer()
             raise
         finally:
@@ -555,16 +564,72 @@ class ShmVecEnv(Recovery, VecEnv):
         """Sends the posted command's arguments that did not fit in the mailbox (ARG_IN_PIPE)."""
         for w, data in in_pipe.items():
             try:
-                self._res.conns[w].send_bytes(data)  # type: ignore[union-attr]
+                self._send_bytes(w, data, command)
             except (BrokenPipeError, ConnectionResetError) as exc:
                 if self._restart:
                     continue  # the worker died: the command's completion restarts it
                 self._raise_if_died(w, command)
                 self._broken = self._broken or exc
                 raise
+            except WorkerTimeoutError:
+                if self._restart:  # alive but not reading: killed, and restarted like a hung step
+                    self._broken = None
+                    self._res.processes[w].kill()  # type: ignore[union-attr]
+                    continue
+                raise
             except BaseException as exc:  # interrupted half way: the worker waits for the rest
                 self._broken = self._broken or exc
                 raise
+
+    def _send_bytes(self, w: int, data: Any, command: str) -> None:
+        """``conn.send_bytes(data)`` to worker w, bounded by ``timeout`` like every wait here.
+
+        A message larger than the socket's buffer is written as the worker reads it: a worker
+        that is alive but does not read (stopped, or stuck in native code) would block a plain
+        send for ever.  Written non-blocking, polling the socket; same framing as
+        ``Connection.send_bytes`` (a 4-byte big-endian length, or -1 and 8 bytes above 2 GiB).
+        EPIPE/ECONNRESET (the worker died) propagate as from ``send_bytes``.
+
+        :raises WorkerTimeoutError: the worker took none of it for ``timeout`` seconds (the vec
+            env is broken: half a message is in the pipe).
+        """
+        conn = self._res.conns[w]  # type: ignore[union-attr]
+        view = memoryview(data).cast("B")
+        n = len(view)
+        header = n.to_bytes(4, "big", signed=True) if n <= 0x7FFFFFFF else b"\xff\xff\xff\xff" + n.to_bytes(8, "big")
+        if n <= 16384:  # fits the socket's buffer: one write, as Connection does
+            conn.send_bytes(view)
+            return
+        fd = conn.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        since = time.monotonic()
+        os.set_blocking(fd, False)
+        try:
+            for part in (memoryview(header), view):
+                done = 0
+                while done < len(part):
+                    try:
+                        wrote = os.write(fd, part[done:done + (1 << 20)])
+                    except BlockingIOError:
+                        wrote = 0
+                    if wrote:
+                        done += wrote
+                        since = time.monotonic()  # the worker reads: the timeout counts idle time
+                        continue
+                    if poller.poll(int(P.POLL_S * 1000)):
+                        continue
+                    if not self._res.processes[w].is_alive():  # type: ignore[union-attr]
+                        raise BrokenPipeError(f"worker {w} died while {command}'s message was sent")
+                    if self.timeout is not None and time.monotonic() - since >= self.timeout:
+                        sl = self.slices[w]
+                        self._broken = WorkerTimeoutError(
+                            f"{command}: worker {w} (envs {sl.start}..{sl.stop - 1}) did not read its message "
+                            f"({n} bytes) within {self.timeout:g} s. The env may hang; call close() (it terminates "
+                            "it) and build a new vec env.")
+                        raise self._broken
+        finally:
+            os.set_blocking(fd, True)
 
     def step_async(self, actions: np.ndarray) -> None:
         """Writes ``actions`` into shared memory and starts every worker.
@@ -958,7 +1023,7 @@ class ShmVecEnv(Recovery, VecEnv):
         sl = self.slices[w]
         self._broken = err = WorkerDiedError(
             f"worker {w} (envs {sl.start}..{sl.stop - 1}) {what} with {describe_exitcode(proc.exitcode)}. {why} "
-            + _BROKEN_HINT,
+            + (_START_HINT if self._constructing else _BROKEN_HINT),
             worker=w, env_indices=sl, exitcode=proc.exitcode,
         )
         return err
@@ -1051,7 +1116,7 @@ class ShmVecEnv(Recovery, VecEnv):
                 self._words.store(P.word(w, P.CMD_SEQ), self._seq[w])
                 self._words.wake(P.word(w, P.CMD_SEQ))
                 try:
-                    res.conns[w].send_bytes(messages[w])
+                    self._send_bytes(w, messages[w], name)
                 except (BrokenPipeError, ConnectionResetError):
                     self._raise_if_died(w, name)
                     raise

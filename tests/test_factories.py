@@ -717,6 +717,17 @@ def test_bad_option_types_are_refused_before_any_worker_starts(kwargs, error, ma
         ShmVecEnv(testenvs.bare_env_fns(2), **kwargs)
 
 
+def test_whole_floats_and_infinite_max_restarts_are_taken():
+    env = ShmVecEnv(testenvs.bare_env_fns(4), n_workers=4 / 2, worker_threads=1.0, max_restarts=float("inf"),
+                    timeout=np.float64(30), start_method="fork")
+    try:
+        assert env.n_workers == 2 and env.max_restarts is None and env.timeout == 30.0
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="nan"):
+        ShmVecEnv(testenvs.bare_env_fns(2), timeout=float("nan"), start_method="fork")
+
+
 def test_one_factory_instead_of_a_list_is_refused_saying_what_to_pass():
     with pytest.raises(TypeError, match=r"env_fns must be a list of factories, got one EnvFactory"):
         ShmVecEnv(make_env("CartPole-v1"), start_method="fork")
@@ -728,6 +739,16 @@ def test_numpy_integer_options_are_taken_and_described_as_plain_ints():
         assert env.n_workers == 2
         d = env.describe()
         assert json.loads(json.dumps(d))["options"]["n_workers"] == 2
+    finally:
+        env.close()
+
+
+def test_make_env_overrides_are_passed_as_they_are_not_copied():
+    shared = {"lock": threading.Lock()}  # deepcopy would fail; SB3 passes env_kwargs as they are
+    factory = make_env(testenvs.KwargsEnv, size=3)
+    env = factory(shared=shared)
+    try:
+        assert env.unwrapped.kwargs["shared"] is shared and env.unwrapped.kwargs["size"] == 3
     finally:
         env.close()
 
@@ -770,3 +791,22 @@ def test_a_typo_in_an_env_id_gets_no_note_about_registering_in_the_script():
         assert not getattr(missed, "__notes__", [])  # fork workers inherit the registry
     finally:
         del gym.registry["ShmvecTypoCheck-v0"]
+
+
+@pytest.mark.parametrize("env_id, message", [
+    ("CartPole-v9", "Environment version `v9` for environment `CartPole` doesn't exist. It provides versioned "
+                    "environments: [ `v0`, `v1` ]."),
+    ("shmvecns/Probe-v0", "Environment `Probe` doesn't exist in namespace shmvecns."),
+    ("shmvecns/Probe-v0", "Namespace shmvecns not found. Have you installed the proper package for shmvecns?"),
+])
+def test_the_register_note_names_a_new_version_or_a_namespaced_id(env_id, message):
+    from shmvec.factories import explain_construction_error
+
+    gym.register(id=env_id, entry_point="testenvs:SpacesEnv")
+    try:
+        cls = gym.error.VersionNotFound if "version" in message else gym.error.NameNotFound
+        exc = cls(message)
+        explain_construction_error(exc, "forkserver")
+        assert f"{env_id!r} is registered in this process" in exc.__notes__[0]
+    finally:
+        del gym.registry[env_id]

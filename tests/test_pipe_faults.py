@@ -366,17 +366,16 @@ def test_an_interrupt_in_the_middle_of_a_large_message_still_closes_the_worker_g
     env = _env(_pipe_envs())
     try:
         conn = env._res.conns[1]
-        real = type(conn).send_bytes
 
-        def half_then_interrupted(data):
+        def half_then_interrupted(w, data, command):
             n = len(data)
             conn._send(n.to_bytes(4, "big", signed=True) + bytes(data[: n // 2]))
             raise KeyboardInterrupt
 
-        conn.send_bytes = half_then_interrupted
+        env._send_bytes = half_then_interrupted
         with pytest.raises(KeyboardInterrupt):
             env.env_method("size_of", b"x" * HUGE, indices=[2])
-        conn.send_bytes = real.__get__(conn)
+        del env._send_bytes
         with pytest.raises(BrokenVecEnvError):
             env.get_attr("tag")
         codes = {}
@@ -423,20 +422,60 @@ def test_an_interrupt_while_large_reset_options_are_sent_breaks_the_env_and_clos
     try:
         conn = env._res.conns[0]
 
-        def half_then_interrupted(data):
+        def half_then_interrupted(w, data, command):
             n = len(data)
             conn._send(n.to_bytes(4, "big", signed=True) + bytes(data[: n // 2]))
             raise KeyboardInterrupt
 
-        conn.send_bytes = half_then_interrupted
+        env._send_bytes = half_then_interrupted
         env.set_options({"level": np.zeros(HUGE // 8)})
         with pytest.raises(KeyboardInterrupt):
             env.reset()
-        del conn.send_bytes
+        del env._send_bytes
         with pytest.raises(BrokenVecEnvError):
             env.reset()
         start = time.monotonic()
         env.close()
         assert time.monotonic() - start < 3.0
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("on_failure", ["raise", "restart"])
+def test_a_worker_that_does_not_read_a_large_argument_times_out(on_failure):
+    """Alive but not reading its pipe (stopped here; stuck in native code in life): sending it
+    more than the socket's buffer is bounded by timeout= like every wait, and in restart mode the
+    worker is killed and restarted, as a hung step is."""
+    import os
+    import warnings
+
+    from shmvec import WorkerRestartWarning, WorkerTimeoutError
+
+    env = _env(_pipe_envs(), mailbox_bytes=4096, timeout=1.0, on_failure=on_failure)
+    pid = env._res.processes[1].pid
+    try:
+        env.reset()
+        env.set_options({"level": np.zeros(HUGE // 8)})
+        os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        if on_failure == "raise":
+            with pytest.raises(WorkerTimeoutError, match="did not read its message"):
+                env.reset()
+            assert time.monotonic() - start < 10.0
+            with pytest.raises(BrokenVecEnvError):
+                env.get_attr("tag")
+            os.kill(pid, signal.SIGCONT)
+        else:
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                env.reset()
+            assert env.restarts == 1 and "shmvec_restarted" in env.reset_infos[2]
+            assert env.env_method("last_option_sum") == [0] * 4
+            with pytest.raises(WorkerTimeoutError, match="did not read its message"):
+                os.kill(env._res.processes[0].pid, signal.SIGSTOP)
+                try:
+                    env.env_method("size_of", b"x" * HUGE, indices=[0])
+                finally:
+                    os.kill(env._res.processes[0].pid, signal.SIGCONT)
     finally:
         env.close()

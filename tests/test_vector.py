@@ -219,14 +219,13 @@ def test_set_attr_sends_each_worker_only_its_own_envs_values():
     env = ShmVectorEnv(fns, n_workers=2, start_method="fork")
     try:
         sent = []
-        for conn in env._engine._res.conns:
-            conn.send_bytes = functools.partial(lambda real, data: (sent.append(len(data)), real(data)),
-                                                conn.send_bytes)
+        engine = env._engine
+        send = engine._send_bytes
+        engine._send_bytes = lambda w, data, command: (sent.append(len(data)), send(w, data, command))
         values = [bytes([i]) * 300_000 for i in range(4)]
         env.set_attr("blob", values)
         assert len(sent) == 2 and max(sent) < 700_000, sent  # two values each, not all four
-        for conn in env._engine._res.conns:
-            del conn.send_bytes
+        del engine._send_bytes
         assert [b[:1] for b in env.get_attr("blob")] == [bytes([i]) for i in range(4)]
         assert all(len(b) == 300_000 for b in env.get_attr("blob"))
     finally:

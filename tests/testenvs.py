@@ -647,3 +647,11 @@ class WideIntPixelsEnv(gym.Env):
 
 def make_wide_int_pixels_env(wrap_at: int | None = None) -> gym.Env:
     return WideIntPixelsEnv(wrap_at=wrap_at)
+
+
+class KwargsEnv(SpacesEnv):
+    """Keeps the keyword arguments it was built with (``self.kwargs``), as they are."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__("box", "discrete")
+        self.kwargs = kwargs
