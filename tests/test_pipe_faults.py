@@ -359,20 +359,25 @@ def test_restart_mode_restarts_a_worker_that_dies_once_done_before_its_message_i
         env.close()
 
 
+def _half_then_interrupted(env):
+    """Stands in for ShmVecEnv._send_bytes: writes the frame's header and half the message to the
+    worker, then raises KeyboardInterrupt (a Ctrl-C in the middle of a large send)."""
+
+    def send(w, data, command):
+        n = len(data)
+        env._res.conns[w]._send(n.to_bytes(4, "big", signed=True) + bytes(data[: n // 2]))
+        raise KeyboardInterrupt
+
+    return send
+
+
 def test_an_interrupt_in_the_middle_of_a_large_message_still_closes_the_worker_gracefully():
     """Ctrl-C while send_bytes() is half way through a large argument: the worker holds half a
     message.  close() must reach it at once (CLOSE through shared memory), and the worker must
     close its envs and exit by itself (exit code 0), not wait out the 5 s before SIGTERM."""
     env = _env(_pipe_envs())
     try:
-        conn = env._res.conns[1]
-
-        def half_then_interrupted(w, data, command):
-            n = len(data)
-            conn._send(n.to_bytes(4, "big", signed=True) + bytes(data[: n // 2]))
-            raise KeyboardInterrupt
-
-        env._send_bytes = half_then_interrupted
+        env._send_bytes = _half_then_interrupted(env)
         with pytest.raises(KeyboardInterrupt):
             env.env_method("size_of", b"x" * HUGE, indices=[2])
         del env._send_bytes
@@ -420,14 +425,7 @@ def test_reset_options_larger_than_the_mailbox_go_through_the_pipe(face):
 def test_an_interrupt_while_large_reset_options_are_sent_breaks_the_env_and_close_is_prompt():
     env = _env(_pipe_envs(), mailbox_bytes=4096)
     try:
-        conn = env._res.conns[0]
-
-        def half_then_interrupted(w, data, command):
-            n = len(data)
-            conn._send(n.to_bytes(4, "big", signed=True) + bytes(data[: n // 2]))
-            raise KeyboardInterrupt
-
-        env._send_bytes = half_then_interrupted
+        env._send_bytes = _half_then_interrupted(env)
         env.set_options({"level": np.zeros(HUGE // 8)})
         with pytest.raises(KeyboardInterrupt):
             env.reset()
