@@ -392,7 +392,8 @@ class _Worker:
         self._publish_slice(rews, terms, truncs)
         return items
 
-    def _reset(self, seq: int | None = None) -> list:
+    def _reset(self, seq: int) -> list:
+        """RESET (seq: its CMD_SEQ, to see a CLOSE posted while a piped argument is read)."""
         words = self.words
         assert words is not None
         arg_len = words.load(P.word(self.index, P.ARG_LEN))
