@@ -731,7 +731,7 @@ def set_forkserver_preload(modules: Iterable[str]) -> bool:
                 f"the forkserver is already running without {missing}: preloading has no effect in this process, and "
                 "each worker imports them itself. Call shmvec.set_forkserver_preload(...) (or pass preload= to the "
                 "first ShmVecEnv) before anything starts a process with the forkserver method.",
-                RuntimeWarning, stacklevel=3,
+                RuntimeWarning, stacklevel=_caller_level(),
             )
             return False
         return True
@@ -841,3 +841,13 @@ def _asked_for(text: str, spec: gym.envs.registration.EnvSpec) -> bool:
             asked["namespace"] = "None"  # no namespace named: the id has none
         return all(str(getattr(spec, key)) == value for key, value in asked.items())
     return False
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside shmvec (for a warning raised here): the
+    user's call, whether through ``ShmVecEnv(preload=...)`` or ``set_forkserver_preload``."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level

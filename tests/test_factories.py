@@ -562,7 +562,13 @@ def main():
         warnings.simplefilter("always")
         venv = ShmVecEnv([factory], start_method="forkserver", preload=["xml.dom.minidom"])
         venv.close()
+    with warnings.catch_warnings(record=True) as direct:
+        warnings.simplefilter("always")
+        from shmvec import set_forkserver_preload
+        set_forkserver_preload(["xml.dom.pulldom"])
     result["warnings"] = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    result["where"] = [w.filename.rsplit("/", 1)[-1] for w in caught + direct
+                       if issubclass(w.category, RuntimeWarning)]
     print(json.dumps(result))
 
 
@@ -582,6 +588,8 @@ def test_forkserver_preload_imports_once_and_warns_when_too_late(tmp_path):
     assert len(set(result["import_pids"])) == 1
     # The forkserver was running by then: preloading more cannot work, and says so.
     assert len(result["warnings"]) == 1 and "already running" in result["warnings"][0]
+    # Each warning points at the user's call (through ShmVecEnv, or directly), not into shmvec.
+    assert result["where"] == ["preload.py", "preload.py"], result
 
 
 def test_preload_needs_forkserver():
