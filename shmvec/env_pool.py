@@ -17,6 +17,7 @@ written down in :mod:`shmvec._pool`.
 
 from __future__ import annotations
 
+import numbers
 import os
 import secrets
 import time
@@ -83,9 +84,16 @@ class _PoolResources:
 def checked_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray) -> np.ndarray:
     """``env_ids`` of a ``send`` as int64 indices (None: every env), checked once here.
 
-    :raises ValueError: an id out of ``[0, num_envs)``, repeated, or of an env in flight already.
+    :raises ValueError: an id that is not an integer, out of ``[0, num_envs)``, repeated, or of an
+        env in flight already.
     """
-    ids = np.arange(num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64).reshape(-1)
+    if env_ids is None:
+        ids = np.arange(num_envs)
+    else:
+        ids = np.asarray(env_ids).reshape(-1)
+        if ids.size and ids.dtype.kind not in "iu":  # 0.7 or "3" truncated, a bool mask read as 0/1
+            raise ValueError(f"env_ids must be integers, got {ids.tolist()} ({ids.dtype})")
+        ids = ids.astype(np.int64)
     if ids.size and (ids.min() < 0 or ids.max() >= num_envs):
         raise ValueError(f"env_ids must be in [0, {num_envs}), got {ids.tolist()}")
     if np.unique(ids).size != ids.size:
@@ -147,6 +155,8 @@ class ShmEnvPool:
         if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
             raise ValueError(f"ShmEnvPool supports NEXT_STEP and SAME_STEP autoreset, not {mode}")
         self.autoreset_mode = mode
+        if isinstance(info_bytes, bool) or not isinstance(info_bytes, numbers.Integral) or info_bytes < 1:
+            raise ValueError(f"info_bytes must be a positive number of bytes, got {info_bytes!r}")
         batch_size = len(env_fns) if batch_size is None else int(batch_size)
         if not 1 <= batch_size <= len(env_fns):
             raise ValueError(f"batch_size must be in [1, {len(env_fns)}] for {len(env_fns)} envs, got {batch_size}")
@@ -304,10 +314,11 @@ class ShmEnvPool:
                 engine._complete("pool")  # raises the env's exception (and marks the engine broken)
                 raise ShmVecEnvError(f"worker {v & ~_pool.ERROR_BIT} reported an error that it did not send")
             ids.append(v)
-        self._partial = []
         idx = np.asarray(ids, dtype=np.int64)
+        result = self._rows(engine, idx)  # interrupted here, the envs are still _partial and in flight
         self._in_flight[idx] = False
-        return self._rows(engine, idx)
+        self._partial = []
+        return result
 
     def step(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None):
         """``send`` then ``recv`` (EnvPool's ``step``)."""
@@ -442,7 +453,7 @@ class ShmEnvPool:
         for k, i in enumerate(idx.tolist()):
             n = int(lengths[i])
             payload = load_result(slots[i, :n]) if n else None
-            reset_info = pending.pop(i, None) if pending else None  # from async_reset
+            reset_info = pending.get(i) if pending else None  # from async_reset; dropped below
             if same_step:
                 info, step_reset_info = payload if payload is not None else ({}, None)
                 if terminated[k] or truncated[k]:
@@ -459,6 +470,9 @@ class ShmEnvPool:
                     infos = add(infos, payload, k)
             if reset_info:
                 infos = add(infos, reset_info, k)
+        if pending:  # only now: an interrupted _rows leaves them for the recv() that retries
+            for i in idx.tolist():
+                pending.pop(i, None)
         infos["env_id"] = idx
         return obs, rewards, terminated, truncated, infos
 

@@ -122,6 +122,10 @@ class _Resources:
     released: bool = False
     died_in_close: list[tuple[int, int | None]] = []
     ready: frozenset[int] | set[int] = frozenset()  # workers past the handshake (they serve the words)
+    owner_pid: int | None = None  # the process that built them: a forked child never releases them
+
+    def __init__(self) -> None:
+        self.owner_pid = os.getpid()
 
     def unlink(self) -> None:
         if self.shm is not None and not self.unlinked:
@@ -139,6 +143,10 @@ class _Resources:
         second call returns at once.
         """
         if self.released:
+            return []
+        if self.owner_pid is not None and os.getpid() != self.owner_pid:
+            # A forked process (a worker of another vec env) collecting its copy of this object:
+            # the workers and the block are its parent's to stop and free, not its own.
             return []
         self.released = True
         alive = [(w, p) for w, p in enumerate(self.processes) if _is_alive(p)]

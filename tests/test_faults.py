@@ -905,3 +905,25 @@ def test_bool_box_takes_zero_and_one_of_another_dtype():
             env.step(np.array([[2, 0], [0, 1]], dtype=np.int64))
     finally:
         env.close()
+
+
+def test_a_forked_process_never_releases_its_parents_workers():
+    """A process forked from the parent (a worker of another vec env, or the user's own) that
+    collects its copy of an unclosed vec env must not post CLOSE to the parent's workers."""
+    env = ShmVecEnv(testenvs.bare_env_fns(2), n_workers=2, start_method="fork")
+    try:
+        env.reset()
+        pid = os.fork()
+        if pid == 0:  # the child: release() is a no-op here
+            code = 1
+            try:
+                code = 0 if env._res.release() == [] and not env._res.released else 1
+            except BaseException:
+                pass
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        env.step(np.zeros(2, dtype=np.int64))  # the workers still serve
+    finally:
+        env.close()

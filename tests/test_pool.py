@@ -505,3 +505,55 @@ def test_info_larger_than_its_slot_names_the_env():
                 pool.step(np.zeros(2, dtype=np.int64), [0, 1])
     finally:
         pool.close()
+
+
+class _InterruptedRows(ShmEnvPool):
+    """Ctrl-C while recv() builds its batch (after the wait: a batch with many info keys takes
+    a millisecond or more there)."""
+
+    interrupt = True
+
+    def _rows(self, engine, idx):
+        if self.interrupt:
+            self.interrupt = False
+            raise KeyboardInterrupt
+        return super()._rows(engine, idx)
+
+
+def test_an_interrupt_while_recv_builds_its_batch_loses_no_env_and_no_reset_info():
+    pool = _InterruptedRows(testenvs.bare_env_fns(4), batch_size=4, n_workers=2, start_method="fork")
+    try:
+        pool.async_reset()
+        with pytest.raises(KeyboardInterrupt):
+            pool.recv()
+        obs, _, _, _, infos = pool.recv()  # the same batch: nothing was marked received
+        assert sorted(infos["env_id"].tolist()) == [0, 1, 2, 3]
+        assert infos["_tag"].all() and sorted(infos["tag"].tolist()) == [0, 1, 2, 3]  # the reset infos too
+        pool.send(np.zeros(4, dtype=np.int64))
+        pool.interrupt = True
+        with pytest.raises(KeyboardInterrupt):
+            pool.recv()
+        assert sorted(pool.recv()[4]["env_id"].tolist()) == [0, 1, 2, 3]
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("env_ids", [[0.7, 1.9], ["1"], [False, True, True, False]])
+def test_send_refuses_env_ids_that_are_not_integers(env_ids):
+    pool = ShmEnvPool([functools.partial(testenvs.make_sleepy_env, 0.0) for _ in range(4)], batch_size=2,
+                      n_workers=2, start_method="fork")
+    try:
+        pool.async_reset()
+        pool.recv()
+        pool.recv()
+        with pytest.raises(ValueError, match="env_ids must be integers"):
+            pool.send(np.zeros(len(env_ids), dtype=np.int64), env_ids)
+        pool.send(np.zeros(2, dtype=np.int64), np.array([1, 3], dtype=np.int32))  # any integer dtype
+        assert sorted(pool.recv()[4]["env_id"].tolist()) == [1, 3]
+    finally:
+        pool.close()
+
+
+def test_info_bytes_must_be_positive():
+    with pytest.raises(ValueError, match="info_bytes"):
+        ShmEnvPool([functools.partial(testenvs.make_sleepy_env, 0.0)] * 2, info_bytes=0, start_method="fork")
