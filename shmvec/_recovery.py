@@ -183,6 +183,14 @@ class Recovery:
                     failed[w] = f"{where} raised {packed['type_name']}: {packed['message']}"
                     continue
                 results[w] = self._read_result(w, words.load(P.word(w, P.RESULT_LEN)), command)
+            except WorkerTimeoutError:
+                # Done, but its message (protocol step 6b) did not come within the timeout: a
+                # worker stopped or stuck once its command was complete.  Killed and restarted,
+                # as one that does not complete the command in time.
+                self._broken = None
+                self._res.processes[w].kill()
+                failed[w] = (f"worker {w} did not send its result within timeout={self.timeout:g} s "
+                             "and was killed")
             except WorkerDiedError:
                 # Died once done, before its message was out (protocol step 6b): a failure like
                 # any other here.  The read marked the env broken; the restart repairs it.

@@ -161,3 +161,27 @@ class RebuiltDiffersEnv(CrashEnv):
 
 def make_rebuilt_differs_env(index: int = 0, **kwargs) -> gym.Env:
     return gym.wrappers.TimeLimit(RebuiltDiffersEnv(index, **kwargs), max_episode_steps=25)
+
+
+class StuckBeforeSendingEnv(CrashEnv):
+    """At step ``at``, returns an info larger than a small mailbox (so that it goes through the
+    pipe once the step is complete, protocol step 6b) and leaves its worker stuck before sending
+    it, as a worker stopped (SIGSTOP) or caught in native code right then.  Only once (``once``)."""
+
+    def __init__(self, index: int = 0, at: int = 2, once: str = "", blob: int = 20_000) -> None:
+        super().__init__(index)
+        self.stuck_at, self.marker, self.blob = at, once, blob
+
+    def step(self, action):
+        obs, rew, term, trunc, info = super().step(action)
+        if self.steps == self.stuck_at and not os.path.exists(self.marker):
+            with open(self.marker, "w"):
+                pass
+            from multiprocessing.connection import Connection
+            Connection.send_bytes = lambda *args, **kwargs: time.sleep(600)  # this process only
+            info = dict(info, blob=np.zeros(self.blob, dtype=np.uint8))
+        return obs, rew, term, trunc, info
+
+
+def make_stuck_before_sending_env(index: int = 0, **kwargs) -> gym.Env:
+    return gym.wrappers.TimeLimit(StuckBeforeSendingEnv(index, **kwargs), max_episode_steps=25)

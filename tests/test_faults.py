@@ -821,6 +821,28 @@ def test_close_after_step_async_skips_a_worker_restarted_before_a_rare_command(t
         env.close()
 
 
+def test_a_worker_stuck_before_sending_its_result_is_restarted_at_the_timeout(tmp_path):
+    """Worker 1 completes its step but never sends the info it had to put in the pipe (protocol
+    step 6b). With a timeout, restart mode kills and restarts it like a worker that does not
+    complete in time (it raised WorkerTimeoutError and broke the vec env)."""
+    marker = str(tmp_path / "env1-stuck")
+    fns = [functools.partial(faultenvs.make_stuck_before_sending_env, 0, once=marker + "-never", at=10**9),
+           functools.partial(faultenvs.make_stuck_before_sending_env, 1, once=marker)]
+    env = _restart_env(fns, mailbox_bytes=4096, timeout=1.0)
+    try:
+        env.reset()
+        env.step(np.zeros(2, dtype=np.int64))
+        with pytest.warns(WorkerRestartWarning, match="did not send its result"):
+            _, rewards, dones, infos = env.step(np.zeros(2, dtype=np.int64))
+        assert dones.tolist() == [False, True] and rewards[1] == 0.0
+        assert "did not send its result within timeout=1 s" in infos[1][RESTART_INFO_KEY]
+        assert infos[1]["TimeLimit.truncated"] and env.restarts == 1
+        env.step(np.zeros(2, dtype=np.int64))
+        assert env.get_attr("tag") == [0, 1]
+    finally:
+        env.close()
+
+
 def _shm_mappings() -> list[str]:
     with open("/proc/self/maps") as f:
         return [line.split()[-1] for line in f if "/shmvec_" in line]
