@@ -1,6 +1,6 @@
 """PPO with a CNN on an image env through ShmVecEnv: an Atari game, or an 84x84 env of our own.
 
-With ale-py and OpenCV installed (``pip install "shmvec[atari]"``; ale-py >= 0.9 ships the
+With ale-py and OpenCV installed (``pip install -c constraints.txt -e ".[atari]"``; ale-py >= 0.9 ships the
 ROMs), it trains on Pong with SB3's usual Atari set-up: ``make_atari_env`` (AtariWrapper:
 no-op reset, frame skip 4, 84x84 grayscale, episodic life, reward clipping) and a stack of 4
 frames.  Without them, or with ``--env frames``, it trains on ``SquareEnv`` below, a

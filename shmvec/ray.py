@@ -1,9 +1,9 @@
 """RayShmVecEnv: one SB3 ``VecEnv`` over the envs of several machines, through Ray actors.
 
-``pip install shmvec[ray]``.  The envs are split into contiguous slices, one per Ray actor (one
-actor per node by default, or one per bundle of a placement group); each actor runs a local
-:class:`~shmvec.ShmVecEnv` over its slice.  Shared memory does the work inside a node; Ray moves
-one batch per actor per step::
+Install with ``pip install -c constraints.txt -e ".[ray]"`` in the checkout. The envs are split
+into contiguous slices, one per Ray actor (one actor per node by default, or one per bundle of a
+placement group); each actor runs a local :class:`~shmvec.ShmVecEnv` over its slice. Shared memory
+does the work inside a node; Ray moves one batch per actor per step::
 
     driver                          actor k (a Ray worker process on some node)
     step_async(actions)  --------->  step(actions[slice k])   ShmVecEnv -> its worker processes

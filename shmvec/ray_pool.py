@@ -1,9 +1,10 @@
 """RayShmEnvPool: the asynchronous pool (:class:`~shmvec.env_pool.ShmEnvPool`) over Ray actors.
 
-``pip install shmvec[ray]``.  The envs are split into contiguous slices, one per Ray actor, as
-for :class:`~shmvec.ray.RayShmVecEnv`; each actor runs a local ShmEnvPool over its slice with
-its own batch size (``actor_batch_size``, default: its whole slice).  The driver hands out
-whichever actors' batches arrive first, so a slow node does not hold back the others::
+Install with ``pip install -c constraints.txt -e ".[ray]"`` in the checkout. The envs are split
+into contiguous slices, one per Ray actor, as for :class:`~shmvec.ray.RayShmVecEnv`; each actor
+runs a local ShmEnvPool over its slice with its own batch size (``actor_batch_size``, default: its
+whole slice). The driver hands out whichever actors' batches arrive first, so a slow node does not
+hold back the others::
 
     pool = RayShmEnvPool(env_fns, batch_size=64, n_actors=4)   # 256 envs, 64 per recv
     obs, infos = pool.reset(seed=0)

@@ -8,6 +8,7 @@ marker file: the new process sees it and behaves.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import resource
 import signal
@@ -30,6 +31,8 @@ class UnpicklableError(Exception):
 
 def _end_process(how: str) -> None:
     """Ends the calling process the way a crash would."""
+    if how in ("segv", "abort"):
+        faulthandler.disable()  # a fork worker inherits pytest's: no stack dump for a crash on purpose
     if how == "segv":
         ctypes.string_at(0)  # reads address 0: SIGSEGV in native code
     elif how == "abort":

@@ -193,7 +193,8 @@ def test_hanging_env_close_is_terminated_and_close_stays_bounded():
 
 
 _CTRL_C_SCRIPT = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a launcher (nohup, a job started with &) may ignore it
 sys.path[:0] = [{tests!r}, {root!r}]  # the shmvec under test, wherever it is installed
 import numpy as np
 import functools
