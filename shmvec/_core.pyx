@@ -307,6 +307,40 @@ cdef class IndexQueue:
         raise OSError(-rc, "queue pop failed")
 
 
+def push_in_flight(list queues, unsigned char[::1] in_flight, const int64_t[::1] ids,
+                   const int64_t[::1] owner, const int64_t[::1] starts):
+    """Marks env ``ids[k]`` in flight (``in_flight[ids[k]] = 1``) and pushes ``ids[k] -
+    starts[w]`` to ``queues[w]``, ``w = owner[ids[k]]``, for every k: a pool's ``send``.
+
+    One C call, so that a signal handler (Ctrl-C's KeyboardInterrupt) runs before it or after
+    it, never between marking an env and pushing it (an env marked and not pushed would be
+    waited for for ever).  The caller has checked the ids (in range, distinct, not in flight).
+    """
+    cdef Py_ssize_t k, n = ids.shape[0]
+    cdef int64_t i, w
+    cdef uint32_t value
+    cdef uint32_t *q
+    cdef int rc
+    for k in range(n):
+        i = ids[k]
+        if i < 0 or i >= in_flight.shape[0] or i >= owner.shape[0]:
+            raise IndexError(f"env id {i} out of range")
+        w = owner[i]
+        if w < 0 or w >= len(queues) or w >= starts.shape[0] or i < starts[w]:
+            raise IndexError(f"env id {i}: bad worker {w}")
+    for k in range(n):
+        in_flight[ids[k]] = 1
+    for k in range(n):
+        i = ids[k]
+        w = owner[i]
+        q = (<IndexQueue?>queues[w])._q()
+        value = <uint32_t>(i - starts[w])
+        with nogil:
+            rc = shmvec_queue_push(q, value)
+        if rc < 0:
+            raise OSError(-rc, "queue push failed")
+
+
 # ---- hot-path helpers over numpy arrays -------------------------------------------------------------
 #
 # Per env and per step, shmvec's Python code used numpy's Python API: a worker wrote each

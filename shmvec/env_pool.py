@@ -34,7 +34,7 @@ from gymnasium.vector.utils import batch_space
 from shmvec import _pool
 from shmvec import _protocol as P
 from shmvec._actions import exact_integers, rows_reshaped
-from shmvec._core import IndexQueue, load_result
+from shmvec._core import IndexQueue, load_result, push_in_flight
 from shmvec._errors import ShmVecEnvError, WorkerTimeoutError
 from shmvec._layout import close_mapping, make_gather
 from shmvec.shm_vector_env import _Engine, gym_vector_seeds, per_env_values, usable_engine
@@ -186,6 +186,10 @@ class ShmEnvPool:
         self._partial: list[int] = []
         self._running = False
         self._starts = [sl.start for sl in engine.slices]
+        # For push_in_flight (send): the same flags as bytes, each env's worker and first env.
+        self._in_flight_u8 = self._in_flight.view(np.uint8)
+        self._owner = np.asarray(engine._owner, dtype=np.int64)
+        self._starts_i64 = np.asarray(self._starts, dtype=np.int64)
         self._spin = engine._parent_spin
         self._infos = _InfoBatch(batch_size)
 
@@ -231,6 +235,7 @@ class ShmEnvPool:
         while self._out_q.try_pop() is not None:  # results nobody will receive
             pass
         self._partial = []
+        self._in_flight[:] = False
         results = engine._reset_workers(seeds, per_env)
         self._pending_infos = {}
         for items in results:
@@ -241,10 +246,17 @@ class ShmEnvPool:
         views.terminated[:] = False
         views.truncated[:] = False
         self._info_len[:] = 0
-        self._in_flight[:] = True
-        for i in range(self.num_envs):
-            self._out_q.push(i)
-        self._start()
+        try:
+            # Every env is ready to be received; interrupted (Ctrl-C) part way, none is, so
+            # that recv() says to reset again instead of waiting for envs nobody stepped.
+            self._in_flight[:] = True
+            self._out_q.push_many(np.arange(self.num_envs, dtype=np.uint32))
+            self._start()
+        except BaseException:
+            while self._out_q.try_pop() is not None:
+                pass
+            self._in_flight[:] = False
+            raise
 
     def reset(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
         """``async_reset`` then ``recv``: the first ``batch_size`` envs (rewards 0, flags False, reset infos)."""
@@ -264,11 +276,8 @@ class ShmEnvPool:
             raise ShmVecEnvError("send() before reset(): call reset() or async_reset() first")
         ids = checked_send_ids(env_ids, self.num_envs, self._in_flight)
         self._write_rows(engine, actions, ids)
-        self._in_flight[ids] = True
-        starts, in_qs, worker_of = self._starts, self._in_qs, engine._worker_of
-        for i in ids.tolist():
-            w = worker_of(i)
-            in_qs[w].push(i - starts[w])
+        # Marked and pushed in one C call: a Ctrl-C lands before (nothing sent) or after (all sent).
+        push_in_flight(self._in_qs, self._in_flight_u8, ids, self._owner, self._starts_i64)
 
     def recv(self):
         """Waits for the next ``batch_size`` envs to finish; returns (obs, rewards, terminated, truncated, infos).
@@ -309,9 +318,7 @@ class ShmEnvPool:
                     raise engine._broken
                 continue
             if v & _pool.ERROR_BIT:
-                self._running = False
-                self._stop_workers()
-                engine._complete("pool")  # raises the env's exception (and marks the engine broken)
+                self._stop()  # raises the env's exception (and marks the engine broken)
                 raise ShmVecEnvError(f"worker {v & ~_pool.ERROR_BIT} reported an error that it did not send")
             ids.append(v)
         idx = np.asarray(ids, dtype=np.int64)
@@ -385,18 +392,32 @@ class ShmEnvPool:
     def _start(self) -> None:
         engine = self._engine
         assert engine is not None
-        engine._post(P.Cmd.POOL)
+        # Running from before the post: interrupted after it, close() still stops the workers
+        # (it sends STOP only to a running pool; a worker serving the pool ignores CLOSE).
         self._running = True
+        engine._post(P.Cmd.POOL)
 
     def _stop_workers(self) -> None:
         for q in self._in_qs:
             q.push(_pool.STOP)
 
     def _stop(self) -> None:
+        """Stops a running pool: STOP to every worker, then waits for them to leave it.
+
+        Running until they have: interrupted (Ctrl-C) or failed half way, the engine is broken
+        and close() still sends STOP (a second one to a worker is never read).
+        """
         if self._running:
+            engine = self._engine
+            assert engine is not None
+            try:
+                self._stop_workers()
+                engine._complete("pool")
+            except BaseException as exc:
+                if engine._broken is None:  # _complete marks what happens in its wait
+                    engine._broken = exc
+                raise
             self._running = False
-            self._stop_workers()
-            self._engine._complete("pool")  # type: ignore[union-attr]
 
     def set_batch_infos(self, on: bool) -> None:
         """Whether recv() batches infos as Gymnasium does (False: only the final observations;

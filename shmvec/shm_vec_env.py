@@ -49,6 +49,7 @@ from shmvec import factories as F
 from shmvec._worker import worker_main
 
 _ERROR = int(P.Status.ERROR)
+_STEP = int(P.Cmd.STEP)
 _BROKEN_HINT = "The vec env cannot go on: call close() and build a new one."
 _CALL_HINT = "The vec env is still usable."
 _START_HINT = "The vec env was not built, and its workers were stopped: fix the cause and build it again."
@@ -564,9 +565,16 @@ class ShmVecEnv(Recovery, VecEnv):
             self._words.store(P.word(w, P.ARG_LEN), arg_len)
             if self._restart:  # a worker restarted during this reset gets the same seeds and options
                 self._reset_args[w] = data if arg_len else None
-        self._post(P.Cmd.RESET)
-        self._send_args(in_pipe, "reset")
-        return self._complete("reset")
+        try:
+            self._post(P.Cmd.RESET)
+            self._send_args(in_pipe, "reset")
+            return self._complete("reset")
+        except BaseException as exc:
+            # Between the three too (a Ctrl-C lands on any call): posted and not waited for, the
+            # workers' counters no longer match ours.  Each step marks what happens inside it.
+            if self._broken is None:
+                self._broken = exc
+            raise
 
     def _send_args(self, in_pipe: dict[int, bytes], command: str) -> None:
         """Sends the posted command's arguments that did not fit in the mailbox (ARG_IN_PIPE)."""
@@ -651,8 +659,7 @@ class ShmVecEnv(Recovery, VecEnv):
             raise AlreadyPendingCallError("step_async() called twice: call step_wait() before the next step_async()")
         self._write_actions(actions)
         # Restarted envs that await their truncation report (_recovery) are not stepped.
-        self._post(P.Cmd.STEP, skip=self._fresh)
-        self.waiting = True
+        self._post(P.Cmd.STEP, skip=self._fresh)  # sets self.waiting
 
     def step_wait(self) -> VecEnvStepReturn:
         """Waits for the step started by ``step_async`` and returns (obs, rewards, dones, infos).
@@ -666,10 +673,7 @@ class ShmVecEnv(Recovery, VecEnv):
         self._check_usable()
         if not self.waiting:
             raise NoAsyncCallError("step_wait() without a preceding step_async()")
-        try:
-            results = self._complete("step")
-        finally:
-            self.waiting = False
+        results = self._complete_step()
         return self._step_results(results)
 
     def step(self, actions: np.ndarray) -> VecEnvStepReturn:
@@ -681,13 +685,23 @@ class ShmVecEnv(Recovery, VecEnv):
                 or self._restart or "step_wait" in own or "step_async" in own
                 or not copy_actions(actions, *self._step_actions)):
             return super().step(actions)  # everything else, and every check and error message
-        self._post(P.Cmd.STEP)
-        self.waiting = True
+        self._post(P.Cmd.STEP)  # sets self.waiting
+        results = self._complete_step()
+        return self._step_results(results)
+
+    def _complete_step(self) -> list[list]:
+        """Waits for the posted step (``self.waiting``), which is over once this returns or raises
+        from the wait (the env is then broken).  Interrupted before the wait began (a Ctrl-C lands
+        on any call), the step stays in flight: ``step_wait()`` resumes it, ``close()`` waits for it.
+        """
         try:
             results = self._complete("step")
-        finally:
-            self.waiting = False
-        return self._step_results(results)
+        except BaseException:
+            if self._broken is not None:
+                self.waiting = False
+            raise
+        self.waiting = False
+        return results
 
     def _step_results(self, results: list[list]) -> VecEnvStepReturn:
         """SB3's (obs, rewards, dones, infos) of the step that just ended; ``results`` are the
@@ -938,6 +952,8 @@ class ShmVecEnv(Recovery, VecEnv):
                     seqs[w] = seq = (seqs[w] + 1) & 0xFFFFFFFF
                     words.store(cmd_word, code)
                     words.store(seq_word, seq)
+            if code == _STEP:
+                self.waiting = True  # here, not in the caller: a Ctrl-C may land as _post returns
             # Wake the sleepers only once every worker has its command: a worker woken on this core
             # may take it at once, and the spinning workers must not wait for it to finish.
             for w, (seq_word, _, sleepers_word) in enumerate(self._cmd_words):

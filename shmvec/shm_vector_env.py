@@ -73,9 +73,12 @@ class _Engine(ShmVecEnv):
         """Writes the actions, steps every env, returns the workers' items; results stay in the buffers."""
         self.step_async(actions)
         try:
-            return self._complete("step")
-        finally:
+            return self._complete_step()
+        except BaseException as exc:
+            if self._broken is None:  # interrupted before the wait: Gymnasium has no step_wait() to resume it
+                self._broken = exc
             self.waiting = False
+            raise
 
 
 class ShmVectorEnv(VectorEnv):

@@ -67,6 +67,7 @@ class ShmVecEnvPool(VecEnv):
 
     _pool: ShmEnvPool | None = None
     waiting = False
+    _received: tuple | None = None  # a batch recv() returned that step_wait() has not returned yet
     _pool_cls: Any = ShmEnvPool  # the pool behind it (shmvec.ray_pool.RayShmVecEnvPool puts a RayShmEnvPool)
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], batch_size: int | None = None,
@@ -100,8 +101,10 @@ class ShmVecEnvPool(VecEnv):
         self._pool_options = None
         self._last_action = {}
         self._last_obs = {}
+        self._received = None
         obs, _, _, _, infos = pool.recv()
         obs, ids, order = self._sorted(obs, infos)
+        self._remember(obs, ids)
         self.reset_infos = [dict(pool.row_infos[j][1] or {}) for j in order.tolist()]
         return obs
 
@@ -116,25 +119,34 @@ class ShmVecEnvPool(VecEnv):
         pool = self._usable()
         if self.waiting:
             raise AlreadyPendingCallError("step_async() called twice: call step_wait() before the next step_async()")
-        pool.send(actions, self._ids)
-        actions = np.asarray(actions)
-        for k, i in enumerate(self._ids.tolist()):
-            self._last_action[i] = actions[k].copy()
-        self.waiting = True
+        ids = self._ids
+        rows = np.asarray(actions)
+        sent = {i: rows[k].copy() for k, i in enumerate(ids.tolist())} if rows.ndim and len(rows) == len(ids) else {}
+        try:
+            pool.send(actions, ids)
+        finally:
+            # In flight once the pool has marked the ids (in one C call with their push): then
+            # step_wait() collects them, also after a Ctrl-C that landed as send() returned.
+            self.waiting = bool(ids.size) and bool(pool._in_flight[ids].all())
+            if self.waiting:
+                self._last_action.update(sent)
 
     def step_wait(self) -> VecEnvStepReturn:
         pool = self._usable()
         if not self.waiting:
             raise NoAsyncCallError("step_wait() without a preceding step_async()")
-        try:
-            obs, rewards, terminated, truncated, vinfos = pool.recv()
-        except KeyboardInterrupt:
-            raise  # still in flight: step_wait() again resumes (ShmEnvPool.recv keeps what arrived)
-        except BaseException:
-            self.waiting = False
-            raise
-        self.waiting = False
-        prev_obs = dict(self._last_obs)
+        if self._received is None:
+            try:
+                self._received = pool.recv()
+            except KeyboardInterrupt:
+                raise  # still in flight: step_wait() again resumes (ShmEnvPool.recv keeps what arrived)
+            except BaseException:
+                self.waiting = False
+                raise
+        # The batch is kept until it is returned: interrupted below, step_wait() builds it again
+        # (what follows changes no state before the end).
+        obs, rewards, terminated, truncated, vinfos = self._received
+        prev_obs = self._last_obs
         obs, ids, order = self._sorted(obs, vinfos)
         rewards, terminated, truncated = rewards[order], terminated[order], truncated[order]
         dones = terminated | truncated
@@ -159,9 +171,15 @@ class ShmVecEnvPool(VecEnv):
             info["env_id"] = i
             if i in self._last_action:  # a real transition (not the env's reset row)
                 info["pool_obs"] = prev_obs[i]
-                info["pool_action"] = self._last_action.pop(i)
+                info["pool_action"] = self._last_action[i]
             infos.append(info)
-        return obs, rewards.astype(np.float32), dones, infos
+        rewards = rewards.astype(np.float32)
+        self._remember(obs, ids)
+        for i in ids.tolist():
+            self._last_action.pop(i, None)
+        self._received = None
+        self.waiting = False
+        return obs, rewards, dones, infos
 
     def close(self) -> None:
         if self._pool is not None:
@@ -201,13 +219,15 @@ class ShmVecEnvPool(VecEnv):
         return list(indices)
 
     def _sorted(self, obs: Any, infos: dict) -> tuple[Any, np.ndarray, np.ndarray]:
+        """The batch's rows sorted by env index: (obs, ids, order); changes nothing."""
         order = np.argsort(infos["env_id"], kind="stable")
-        ids = infos["env_id"][order]
-        obs = _take(obs, order)
+        return _take(obs, order), infos["env_id"][order], order
+
+    def _remember(self, obs: Any, ids: np.ndarray) -> None:
+        """The rows just returned: the next step_async's envs, and their observations."""
         self._ids = ids
         for k, i in enumerate(ids.tolist()):
             self._last_obs[i] = _row(obs, k)
-        return obs, ids, order
 
 
 class PoolReplayBuffer(ReplayBuffer):

@@ -16,6 +16,7 @@ import pytest
 
 import faultenvs
 import testenvs
+from helpers import assert_same, close_all
 from shmvec import BrokenVecEnvError, RemoteEnvError, ShmVecEnv, TooManyRestartsError, WorkerDiedError
 from shmvec import _protocol as P
 
@@ -215,6 +216,97 @@ def test_an_interrupt_while_a_step_is_posted_breaks_the_env(n):
             env.step(_actions())
     finally:
         env.close()
+
+
+def _interrupt_on_entry(obj, name: str, after: bool = False) -> None:
+    """The next call of ``obj.name`` raises KeyboardInterrupt as it begins (``after``: as it
+    returns), once: a Ctrl-C that lands between two calls, outside any try of theirs."""
+    orig = getattr(obj, name)
+
+    def interrupted(*args, **kwargs):
+        delattr(obj, name)
+        if after:
+            orig(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    setattr(obj, name, interrupted)
+
+
+def test_a_step_interrupted_between_its_post_and_its_wait_is_left_for_step_wait():
+    """Posted, then interrupted before the wait began: the step stays in flight (it was dropped,
+    the env neither waiting nor broken, and the next post landed under running workers)."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from shmvec import AlreadyPendingCallError
+
+    fns = testenvs.spaces_env_fns("box", "discrete", 4)
+    ref, env = DummyVecEnv(fns), _env(fns)
+    try:
+        ref.seed(5)
+        env.seed(5)
+        assert_same(env.reset(), ref.reset(), "reset")
+        rng = np.random.default_rng(0)
+        for t in range(8):
+            act = rng.integers(0, 3, size=4)
+            if t == 2:  # env.step(): interrupted as its wait begins
+                _interrupt_on_entry(env, "_complete")
+                with pytest.raises(KeyboardInterrupt):
+                    env.step(act)
+            elif t == 5:  # step_async(): interrupted as the post returns
+                _interrupt_on_entry(env, "_post", after=True)
+                with pytest.raises(KeyboardInterrupt):
+                    env.step_async(act)
+            if t in (2, 5):
+                assert env.waiting and env._broken is None
+                with pytest.raises(AlreadyPendingCallError):
+                    env.step(act)
+                got = env.step_wait()
+            else:
+                got = env.step(act)
+            assert_same(got, ref.step(act), f"step {t}")
+        _interrupt_on_entry(env, "_post", after=True)
+        with pytest.raises(KeyboardInterrupt):
+            env.step_async(_actions())
+        start = time.monotonic()
+        env.close()  # waits for the step in flight, then closes politely
+        assert time.monotonic() - start < 3.0
+    finally:
+        close_all(env, ref)
+
+
+def test_a_reset_interrupted_between_its_post_and_its_wait_breaks_the_env():
+    env = _env(_pipe_envs())
+    try:
+        env.reset()
+        _interrupt_on_entry(env, "_complete")
+        with pytest.raises(KeyboardInterrupt):
+            env.reset()
+        with pytest.raises(BrokenVecEnvError):
+            env.reset()
+        with pytest.raises(BrokenVecEnvError):
+            env.step(_actions())
+        start = time.monotonic()
+        env.close()
+        assert time.monotonic() - start < 3.0
+    finally:
+        env.close()
+
+
+def test_a_vector_env_step_interrupted_before_its_wait_breaks_the_env():
+    """Gymnasium's API has no step_wait() to resume with: the env says to close it."""
+    from shmvec import ShmVectorEnv
+
+    envs = ShmVectorEnv(_pipe_envs(), n_workers=2, start_method="fork", timeout=30.0)
+    try:
+        envs.reset(seed=0)
+        envs.step(_actions())
+        _interrupt_on_entry(envs._engine, "_complete")
+        with pytest.raises(KeyboardInterrupt):
+            envs.step(_actions())
+        with pytest.raises(BrokenVecEnvError):
+            envs.step(_actions())
+    finally:
+        envs.close()
 
 
 def test_an_interrupt_while_a_rare_command_is_sent_breaks_the_env():

@@ -15,10 +15,11 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import poolenvs
 import testenvs
-from helpers import assert_pool_matches_dummy, assert_same, close_all
+from helpers import POOL_INFO_KEYS, assert_pool_matches_dummy, assert_same, close_all
 from shmvec import BrokenVecEnvError, ShmVecEnvError, WorkerDiedError
 from shmvec._core import INFO_CODEC_MAGIC
 from shmvec._errors import ClosedVecEnvError
+from shmvec import _pool
 from shmvec.env_pool import ShmEnvPool
 
 
@@ -557,3 +558,79 @@ def test_send_refuses_env_ids_that_are_not_integers(env_ids):
 def test_info_bytes_must_be_positive():
     with pytest.raises(ValueError, match="info_bytes"):
         ShmEnvPool([functools.partial(testenvs.make_sleepy_env, 0.0)] * 2, info_bytes=0, start_method="fork")
+
+
+def test_a_stop_interrupted_half_way_breaks_the_pool_and_close_still_stops_every_worker():
+    """A rare call stops the pool: STOP reached worker 0, then Ctrl-C. The pool is broken (it
+    said it was stopped while worker 1 served it: a retried call hung) and close() stops worker
+    1 too, at once and politely (it ignored CLOSE, and close() terminated it after 5 s)."""
+    import time
+
+    pool = ShmEnvPool(testenvs.bare_env_fns(4), batch_size=4, n_workers=2, start_method="fork", timeout=30.0)
+    try:
+        pool.async_reset()
+        pool.recv()
+        queues = pool._in_qs
+
+        def stop_one_then_interrupt():
+            queues[0].push(_pool.STOP)
+            raise KeyboardInterrupt
+
+        pool._stop_workers = stop_one_then_interrupt
+        with pytest.raises(KeyboardInterrupt):
+            pool.call("tag")
+        del pool._stop_workers
+        with pytest.raises(BrokenVecEnvError):
+            pool.call("tag")
+        start = time.monotonic()
+        pool.close()
+        assert time.monotonic() - start < 3.0  # a worker deaf to CLOSE is terminated only after 5 s
+    finally:
+        pool.close()
+
+
+def test_sb3_pool_step_interrupted_as_send_returns_or_while_step_wait_builds_rows_loses_nothing():
+    """Ctrl-C once the envs are sent (step_async had not yet noted it: the envs stayed in flight for
+    ever) or once recv() returned the batch (step_wait dropped it): step_wait() returns the step."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from shmvec.vec_env_pool import ShmVecEnvPool
+
+    fns = testenvs.spaces_env_fns("box", "discrete", 4)
+    ref, env = DummyVecEnv(fns), ShmVecEnvPool(fns, n_workers=2, start_method="fork", timeout=30.0)
+    try:
+        ref.seed(2)
+        env.seed(2)
+        assert_same(env.reset(), ref.reset(), "reset")
+        pool = env._pool
+        send = pool.send
+        rng = np.random.default_rng(1)
+        for t in range(10):
+            act = rng.integers(0, 3, size=4)
+            if t in (2, 6):
+                def sent_then_interrupted(*args, **kwargs):
+                    del pool.send
+                    send(*args, **kwargs)
+                    raise KeyboardInterrupt
+
+                pool.send = sent_then_interrupted
+                with pytest.raises(KeyboardInterrupt):
+                    env.step_async(act)
+                assert env.waiting
+            else:
+                env.step_async(act)
+            if t in (3, 6):
+                def interrupted(*args):
+                    del env._sorted
+                    raise KeyboardInterrupt
+
+                env._sorted = interrupted
+                with pytest.raises(KeyboardInterrupt):
+                    env.step_wait()
+                assert env.waiting
+            got = env.step_wait()
+            assert_same(got, ref.step(act), f"step {t}", ignore=POOL_INFO_KEYS)
+            assert all(info["pool_action"] == a for info, a in zip(got[3], act))
+    finally:
+        close_all(env, ref)
+

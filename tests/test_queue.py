@@ -15,7 +15,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 import pytest
 
-from shmvec._core import QUEUE_MAX_VALUE, IndexQueue, Words, queue_bytes, queue_capacity_for
+from shmvec._core import QUEUE_MAX_VALUE, IndexQueue, Words, push_in_flight, queue_bytes, queue_capacity_for
 
 CAPACITY = 64
 CREDIT = 8           # values a producer may have outstanding (producers x CREDIT <= CAPACITY)
@@ -338,3 +338,26 @@ def test_burst_of_concurrent_pushes_from_c():
             q.release()
         shm.close()
         shm.unlink()
+
+
+def test_push_in_flight_marks_and_pushes_each_env_to_its_workers_queue():
+    """A pool's send() in one C call: env ids[k] marked in flight and pushed to its worker's
+    queue as an index into the worker's slice; bad ids raise before anything is marked."""
+    step = (queue_bytes(8) + 63) // 64 * 64
+    buf = bytearray(2 * step + 64)
+    base = (-np.frombuffer(buf, dtype=np.uint8).ctypes.data) % 64
+    qs = [IndexQueue(buf, base, 8), IndexQueue(buf, base + step, 8)]
+    owner = np.array([0, 0, 0, 1, 1], dtype=np.int64)  # worker 0: envs 0..2, worker 1: envs 3..4
+    starts = np.array([0, 3], dtype=np.int64)
+    in_flight = np.zeros(5, dtype=np.bool_)
+    push_in_flight(qs, in_flight.view(np.uint8), np.array([4, 1, 3], dtype=np.int64), owner, starts)
+    assert in_flight.tolist() == [False, True, False, True, True]
+    assert [qs[0].try_pop(), qs[0].try_pop()] == [1, None]
+    assert [qs[1].try_pop(), qs[1].try_pop(), qs[1].try_pop()] == [1, 0, None]
+    for bad in ([5], [-1]):
+        with pytest.raises(IndexError):
+            push_in_flight(qs, in_flight.view(np.uint8), np.array([0, *bad], dtype=np.int64), owner, starts)
+    assert in_flight.tolist() == [False, True, False, True, True] and len(qs[0]) == 0
+    for q in qs:
+        q.release()
+
