@@ -70,6 +70,9 @@ class InvalidActionError(ShmVecEnvError, ValueError):
         super().__init__(message)
         self.env_indices = env_indices
 
+    def __reduce__(self):  # its own args: it crosses processes (a Ray actor's exception)
+        return type(self), (str(self), self.env_indices), self.__dict__
+
 
 class WorkerRestartWarning(RuntimeWarning):
     """With ``on_failure="restart"``: a worker failed and was restarted (its episodes end as truncated)."""
@@ -97,6 +100,9 @@ class RemoteEnvError(ShmVecEnvError):
         super().__init__(f"{type_name}: {message}")
         self.type_name = type_name
         self.message = message
+
+    def __reduce__(self):
+        return type(self), (self.type_name, self.message), self.__dict__
 
 
 def describe_exitcode(exitcode: int | None) -> str:

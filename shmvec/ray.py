@@ -62,9 +62,10 @@ from shmvec._errors import (
     WorkerRestartWarning,
     WorkerTimeoutError,
 )
-from shmvec._actions import exact_integers, rows_reshaped
+from shmvec._actions import _leaf_check, exact_integers, rows_reshaped
 from shmvec._layout import group_by_slice, split_envs
-from shmvec._recovery import RESTART_INFO_KEY
+from shmvec._recovery import RESTART_INFO_KEY, _user_stacklevel
+from shmvec._worker import dumps as _dumps  # pickle, or cloudpickle for classes of __main__
 
 __all__ = ["RayShmVecEnv", "RayActorDiedError", "TooManyRestartsError", "WorkerRestartWarning"]
 
@@ -176,7 +177,7 @@ class _ShmVecActor:
             if len(info) != 1 or info.get(_PLAIN_INFO_KEY) is not False:
                 extra.append((i, info))
         resets = [(i, venv.reset_infos[i]) for i in np.flatnonzero(dones).tolist() if venv.reset_infos[i]]
-        payload = pickle.dumps((extra, resets), protocol=5) if extra or resets else b""
+        payload = _dumps((extra, resets)) if extra or resets else b""
         return obs, rewards, dones, payload
 
     @_keeps_traceback
@@ -218,7 +219,7 @@ class _ShmVecActor:
         ids = infos["env_id"]
         own = self.venv.row_infos  # each row's own (info, reset info), unbatched
         rows = [(k, info, own[k]) for k, info in enumerate(row_infos(infos, len(ids))) if info or own[k][0] or own[k][1]]
-        payload = pickle.dumps(rows, protocol=5) if rows else b""
+        payload = _dumps(rows) if rows else b""
         return ids, obs, rewards, terminated, truncated, payload
 
     @_keeps_traceback
@@ -293,6 +294,7 @@ class _RayActorGroup:
         self.on_failure = on_failure
         self.max_restarts = max_restarts
         self.restarts = 0
+        self._unwarned: list[str] = []  # restarts not yet warned of (_warn_restarts)
         self._call_timeout = timeout
 
         self._remote_cls = ray.remote(_ShmVecActor)
@@ -369,11 +371,19 @@ class _RayActorGroup:
         error: BaseException | None = None
         # Actors that timed out may be stuck in an env: kill them without asking.
         polite = not isinstance(self._broken, WorkerTimeoutError)
+        deadline = time.monotonic() + _CLOSE_TIMEOUT_S  # one bound for the whole polite part
         try:
             if pending and polite:  # let a step in flight finish before closing
-                ray.wait(pending, num_returns=len(pending), timeout=_CLOSE_TIMEOUT_S)
-            refs = [a.close.remote() for a in actors] if polite else []
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_CLOSE_TIMEOUT_S) if refs else ([], [])
+                _, late = ray.wait(pending, num_returns=len(pending), timeout=_CLOSE_TIMEOUT_S)
+                polite = not late  # a close() would queue behind a call that does not end
+            refs = []
+            for a in actors if polite else []:
+                try:
+                    refs.append(a.close.remote())
+                except Exception:  # noqa: BLE001 - a handle of an earlier Ray session: nothing to close
+                    pass
+            left = max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=left) if refs else ([], [])
             for ref in ready:
                 try:
                     ray.get(ref)
@@ -398,6 +408,9 @@ class _RayActorGroup:
             pass
 
     def _check_usable(self) -> None:
+        if not self.closed and not ray.is_initialized():
+            raise ClosedVecEnvError(f"ray.shutdown() was called: the actors of this {type(self).__name__} are gone; "
+                                    "call close() and build a new one")
         if self.closed:
             raise ClosedVecEnvError(f"this {type(self).__name__} is closed; build a new one")
         if self._broken is not None:
@@ -446,6 +459,8 @@ class _RayActorGroup:
             actors = list(range(len(refs))) if actors is None else actors
             restarted = not broken and self.on_failure == "restart" and self._restart_after_call(failures, actors,
                                                                                                  command)
+            if restarted:
+                self._warn_restarts(broken=False)
             self._raise_failures(failures, actors, command, broken, restarted=restarted)
         return results
 
@@ -456,7 +471,7 @@ class _RayActorGroup:
         (the actions given for them were chosen for observations of the old envs).
         """
         failed = [(actors[p], e) for p, e in failures.items()
-                  if isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))]
+                  if isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)) or _engine_failed(e)]
         for k, exc in failed:
             reason = self._reason(k, exc, command)
             obs, reset_infos = self._restart_actor(k, reason)  # raises (and breaks) past max_restarts
@@ -517,7 +532,7 @@ class _RayActorGroup:
             err = self._died(dead, command, _RESTARTED_HINT if restarted else _BROKEN_HINT)
         elif env_errors:
             k, e = env_errors[0]
-            err = self._located(_unwrap(e, hint), k)
+            err = self._located(_unwrap(e, _RESTARTED_HINT if restarted and _engine_failed(e) else hint), k)
         elif late:
             envs = ", ".join(f"{self.slices[k].start}..{self.slices[k].stop - 1}" for k in late)
             err = WorkerTimeoutError(
@@ -582,13 +597,33 @@ class _RayActorGroup:
             if self._broken is None:
                 self._broken = exc
             raise
-        warnings.warn(f"shmvec.ray: {reason}; restarted it (restart {self.restarts}), on node "
-                      f"{self.actor_info[k]['node_ip']}: its episodes end as truncated", WorkerRestartWarning,
-                      stacklevel=3)
+        # Warned of once the caller has noted the restart: a warning turned into an error
+        # (-W error) must not lose the truncation it reports.
+        self._unwarned.append(f"shmvec.ray: {reason}; restarted it (restart {self.restarts}), on node "
+                              f"{self.actor_info[k]['node_ip']}: its episodes end as truncated")
         return result
 
+    def _warn_restarts(self, broken: bool) -> None:
+        """Emits the WorkerRestartWarnings of the restarts just done and noted.  One raised as an
+        error (``-W error``) breaks the vec env when ``broken`` (a step's or reset's results are
+        lost with it); after a rare call, the next step still reports the truncation."""
+        messages, self._unwarned = self._unwarned, []
+        for message in messages:
+            try:
+                warnings.warn(message, WorkerRestartWarning, stacklevel=_user_stacklevel())
+            except Warning as exc:
+                if broken and self._broken is None:
+                    self._broken = exc
+                raise
+
     def _located(self, exc: BaseException, k: int) -> BaseException:
+        """Notes where ``exc`` (raised in actor k) came from; its ``env_indices`` become global."""
         sl, info = self.slices[k], self.actor_info[k]
+        local = getattr(exc, "env_indices", None)
+        if isinstance(local, range):
+            exc.env_indices = range(local.start + sl.start, local.stop + sl.start)
+        elif isinstance(local, (list, tuple)):
+            exc.env_indices = [i + sl.start for i in local]
         where = f" on node {info['node_ip']} ({info['node_id'][:12]}...)" if info else ""
         exc.add_note(
             f"shmvec.ray: raised in actor {k}{where}, which holds envs {sl.start}..{sl.stop - 1}: "
@@ -792,6 +827,8 @@ class RayShmVecEnv(_RayActorGroup, VecEnv):
         self._reset_seeds()
         self._reset_options()
         self._last_obs = [obs for obs, _ in results]
+        if self._unwarned:
+            self._warn_restarts(broken=True)
         return self._concat_obs(self._last_obs)
 
     def step_async(self, actions: np.ndarray) -> None:
@@ -803,7 +840,8 @@ class RayShmVecEnv(_RayActorGroup, VecEnv):
         self._check_usable()
         if self.waiting:
             raise AlreadyPendingCallError("step_async() called twice: call step_wait() before the next step_async()")
-        parts = _split_actions(self._act_space, actions, self.num_envs, self.slices)
+        policy = (self._config.get("shm_kwargs") or {}).get("invalid_actions", "raise")
+        parts = _split_actions(self._act_space, actions, self.num_envs, self.slices, policy=policy)
         # An actor replaced during a rare call is not stepped: its envs' episodes end here.
         self._pending = [ray.put(None) if k in self._restarted else a.step.remote(p)
                          for k, (a, p) in enumerate(zip(self._actors, parts))]
@@ -847,6 +885,8 @@ class RayShmVecEnv(_RayActorGroup, VecEnv):
         obs = self._concat_obs(self._last_obs)
         rewards = np.concatenate([r[1] for r in results])
         dones = np.concatenate([r[2] for r in results])
+        if self._unwarned:
+            self._warn_restarts(broken=True)
         return obs, rewards, dones, infos
 
     def get_images(self) -> Sequence[np.ndarray | None]:
@@ -926,6 +966,13 @@ def _take(batch: Any, i: int) -> Any:
     return np.array(batch[i])
 
 
+def _engine_failed(exc: BaseException) -> bool:
+    """Whether a call failed because the actor's own engine can go on no more (one of its worker
+    processes died or hung, or an earlier failure broke it): replacing the actor repairs that."""
+    cause = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else None
+    return isinstance(cause, (WorkerDiedError, WorkerTimeoutError, BrokenVecEnvError))
+
+
 def _unwrap(exc: ray.exceptions.RayTaskError, hint: str) -> BaseException:
     """The exception an actor raised, as itself, with the actor's traceback as its cause."""
     cause = getattr(exc, "cause", None)
@@ -947,14 +994,15 @@ def _concatenator(space: spaces.Space) -> Callable[[list], Any]:
     return np.concatenate
 
 
-def _split_actions(space: spaces.Space, actions: Any, n_envs: int, slices: list[range], path: str = "") -> list:
+def _split_actions(space: spaces.Space, actions: Any, n_envs: int, slices: list[range], path: str = "",
+                   policy: str = "ignore", keys: tuple = ()) -> list:
     """The actions of each actor's slice, per leaf of ``space``; checks shape and dtype once here."""
     if isinstance(space, spaces.Dict):
-        per_key = {key: _split_actions(sub, actions[key], n_envs, slices, f"{path}[{key!r}]")
+        per_key = {key: _split_actions(sub, actions[key], n_envs, slices, f"{path}[{key!r}]", policy, (*keys, key))
                    for key, sub in space.spaces.items()}
         return [{key: parts[k] for key, parts in per_key.items()} for k in range(len(slices))]
     if isinstance(space, spaces.Tuple):
-        per_item = [_split_actions(sub, actions[j], n_envs, slices, f"{path}[{j}]")
+        per_item = [_split_actions(sub, actions[j], n_envs, slices, f"{path}[{j}]", policy, (*keys, j))
                     for j, sub in enumerate(space.spaces)]
         return [tuple(parts[k] for parts in per_item) for k in range(len(slices))]
     arr = np.asarray(actions)
@@ -977,4 +1025,7 @@ def _split_actions(space: spaces.Space, actions: Any, n_envs: int, slices: list[
                              "other integers are accepted for an integer space only when every value is a whole "
                              "number that fits)")
         arr = exact
+    check = _leaf_check(space, keys, policy) if policy != "ignore" else None
+    if check is not None:
+        check(arr)  # InvalidActionError (global env indices) before any actor is sent anything
     return [arr[sl.start:sl.stop] for sl in slices]

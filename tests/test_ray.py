@@ -488,6 +488,68 @@ def test_actor_dying_during_a_rare_call_is_restarted_and_the_call_raises(cluster
         close_all(env)
 
 
+def test_what_a_local_shmvecenv_carries_crosses_ray_too(cluster, monkeypatch):
+    """Infos only cloudpickle carries, an env error that does not pickle, an invalid action (with
+    global indices, nothing sent, the vec env usable), a dead worker inside an actor (global
+    indices), and calls after ray.shutdown() (a clear error, not a new cluster)."""
+    import faultenvs
+    from shmvec import InvalidActionError, RemoteEnvError
+
+    fns = [functools.partial(testenvs.make_callable_info_env, i) for i in range(3)] + [
+        functools.partial(faultenvs.make_crash_env, 3, at=0, how="raise_unpicklable", where="attr")]
+    env = None
+    try:
+        env = RayShmVecEnv(fns, n_actors=2, timeout=60)  # actor 1: envs 2..3
+        env.reset()
+        _, _, _, infos = env.step(np.zeros(4, dtype=np.int64))
+        assert [infos[i]["scale"](10) for i in range(3)] == [20, 30, 40]
+        with pytest.raises(RemoteEnvError, match="UnpicklableError"):
+            env.get_attr("explode", indices=[3])
+        with pytest.raises(InvalidActionError) as info:
+            env.step(np.array([0, 1, 2, 5]))
+        assert list(info.value.env_indices) == [3]
+        env.step(np.zeros(4, dtype=np.int64))  # still usable
+        monkeypatch.setattr(ray, "is_initialized", lambda: False)
+        with pytest.raises(ClosedVecEnvError, match="ray.shutdown"):
+            env.step(np.zeros(4, dtype=np.int64))
+        monkeypatch.undo()
+        os.kill(env.get_attr("worker_pid", indices=[2])[0], signal.SIGKILL)
+        with pytest.raises(WorkerDiedError) as died:
+            for _ in range(3):
+                env.step(np.zeros(4, dtype=np.int64))
+        assert 2 in died.value.env_indices and set(died.value.env_indices) <= {2, 3}  # global, not local
+    finally:
+        close_all(env)
+
+
+def test_a_dead_worker_inside_an_actor_found_by_a_rare_call_restarts_it_under_w_error(cluster):
+    """on_failure="restart", WorkerRestartWarning turned into an error: a worker of actor 1 killed
+    between steps; get_attr replaces the actor and raises the warning, and the next step still
+    reports its envs as truncated (the restart was lost, the actor left broken until a step)."""
+    import warnings
+
+    fns = testenvs.spaces_env_fns("box", "discrete", 4, term_prob=0.0)
+    env = None
+    try:
+        env = RayShmVecEnv(fns, n_actors=2, on_failure="restart")
+        env.reset()
+        obs, *_ = env.step(np.zeros(4, dtype=np.int64))
+        pid = env.actor_info[1]["pid"]
+        os.kill(env.get_attr("worker_pid", indices=[2])[0], signal.SIGKILL)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", WorkerRestartWarning)
+            with pytest.raises(WorkerRestartWarning, match="actor 1"):
+                env.get_attr("tag")
+        assert env.restarts == 1 and env.actor_info[1]["pid"] != pid
+        assert env.get_attr("tag") == [0, 1, 2, 3]
+        _, rewards, dones, infos = env.step(np.zeros(4, dtype=np.int64))
+        assert dones.tolist() == [False, False, True, True] and (rewards[2:] == 0).all()
+        assert all("WorkerDiedError during get_attr" in infos[i][RESTART_INFO_KEY] for i in (2, 3))
+        assert_same(infos[2]["terminal_observation"], obs[2], "terminal obs")
+    finally:
+        close_all(env)
+
+
 def test_describe_round_trip_rebuilds_the_same_vec_env(cluster):
     """describe() is JSON; from_description() on the cluster rebuilds envs, options and seeds."""
     import json

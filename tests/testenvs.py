@@ -154,6 +154,11 @@ class SpacesEnv(gym.Env):
         info = {"episode_start": float(self.np_random.random()), "offset": self._offset, "tag": self.tag}
         return obs, info
 
+    @property
+    def worker_pid(self) -> int:
+        """The pid of the process that holds this env (a vec env's worker)."""
+        return os.getpid()
+
     def step(self, action):
         self._t += 1
         a = float(np.sum(np.asarray(action, dtype=np.float64)))
@@ -213,6 +218,19 @@ class SlowStep(gym.Wrapper):
 def make_slow_spaces_env(seconds: float, index: int = 0) -> gym.Env:
     """``make_spaces_env("box", "discrete", index)`` that busy-waits ``seconds`` in each step."""
     return SlowStep(make_spaces_env("box", "discrete", index), seconds)
+
+
+class CallableInfo(gym.Wrapper):
+    """Puts a function that only cloudpickle can carry (a closure) in every step's info."""
+
+    def step(self, action):
+        obs, rew, term, trunc, info = super().step(action)
+        factor = self.get_wrapper_attr("tag") + 2
+        return obs, rew, term, trunc, dict(info, scale=lambda x: x * factor)
+
+
+def make_callable_info_env(index: int = 0) -> gym.Env:
+    return CallableInfo(make_spaces_env("box", "discrete", index))
 
 
 def spaces_env_fns(obs_kind: str, act_kind: str, n_envs: int, **kwargs: Any) -> list:
