@@ -35,7 +35,7 @@ from shmvec import _pool
 from shmvec import _protocol as P
 from shmvec._actions import exact_integers, rows_reshaped
 from shmvec._core import IndexQueue, load_result, push_in_flight
-from shmvec._errors import ShmVecEnvError, WorkerTimeoutError
+from shmvec._errors import InvalidActionError, ShmVecEnvError, WorkerTimeoutError
 from shmvec._layout import close_mapping, make_gather
 from shmvec.shm_vector_env import _Engine, gym_vector_seeds, per_env_values, usable_engine
 
@@ -435,7 +435,8 @@ class ShmEnvPool:
                 self._start()
 
     def _write_rows(self, engine: _Engine, actions: Any, ids: np.ndarray) -> None:
-        views = engine._views
+        # No local name for a view of the block: the traceback of an error raised here (kept by
+        # the caller) would keep the mapping open after close().
         for leaf in engine._act_leaves:
             value = actions
             for key in leaf.path:
@@ -453,7 +454,15 @@ class ShmEnvPool:
                 if exact is None:
                     raise ValueError(f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype}")
                 arr = exact
-            views.act[leaf.path][ids] = arr.astype(leaf.dtype, copy=False)
+            check = engine._act_checks.get(leaf.path)
+            if check is not None:  # out of range, NaN: as ShmVecEnv (invalid_actions=), before anything is sent
+                try:
+                    check(arr)
+                except InvalidActionError as exc:
+                    env_ids = [int(ids[r]) for r in exc.env_indices]
+                    raise InvalidActionError(f"{exc} (rows {list(exc.env_indices)} of this send(): env ids {env_ids})",
+                                             env_ids) from None
+            engine._views.act[leaf.path][ids] = arr.astype(leaf.dtype, copy=False)
 
     def _rows(self, engine: _Engine, idx: np.ndarray):
         views = engine._views

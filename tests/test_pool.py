@@ -634,3 +634,23 @@ def test_sb3_pool_step_interrupted_as_send_returns_or_while_step_wait_builds_row
     finally:
         close_all(env, ref)
 
+
+def test_send_refuses_invalid_actions_naming_the_env_ids_and_sends_nothing():
+    """As ShmVecEnv (invalid_actions="raise"): an out-of-range Discrete action is refused before
+    anything is sent (it reached the env), naming the env id, not the row."""
+    from shmvec import InvalidActionError
+
+    pool = ShmEnvPool(testenvs.bare_env_fns(4), batch_size=2, n_workers=2, start_method="fork", timeout=30.0)
+    try:
+        pool.async_reset()
+        _, _, _, _, infos = pool.recv()
+        ids = np.sort(np.setdiff1d(np.arange(4), np.flatnonzero(pool._in_flight)))  # the two received
+        with pytest.raises(InvalidActionError, match=f"env ids \\[{ids[1]}\\]") as info:
+            pool.send(np.array([0, 3]), ids)  # Discrete(3): row 1 is out of range
+        assert info.value.env_indices == [int(ids[1])]
+        assert not pool._in_flight[ids].any()  # nothing sent: the same ids go again
+        pool.send(np.array([0, 2]), ids)
+        assert len(pool.recv()[4]["env_id"]) == 2
+    finally:
+        pool.close()
+
