@@ -307,6 +307,29 @@ cdef class IndexQueue:
         raise OSError(-rc, "queue pop failed")
 
 
+def send_ids_valid(unsigned char[::1] in_flight, const int64_t[::1] ids):
+    """True if every id is in ``[0, len(in_flight))``, not in flight, and none repeats: a pool's
+    ``send`` checked in one pass (the Python path names what is wrong when this says False).
+
+    Marks each id seen (2) as it goes and clears the marks before returning, with no Python
+    between: ``in_flight`` is as it was whatever a signal handler does.
+    """
+    cdef Py_ssize_t k, n = ids.shape[0], m = in_flight.shape[0]
+    cdef int64_t i
+    cdef bint ok = True
+    for k in range(n):
+        i = ids[k]
+        if i < 0 or i >= m or in_flight[i] != 0:
+            ok = False
+            break
+        in_flight[i] = 2
+    for k in range(n):
+        i = ids[k]
+        if 0 <= i < m and in_flight[i] == 2:
+            in_flight[i] = 0
+    return ok
+
+
 def push_in_flight(list queues, unsigned char[::1] in_flight, const int64_t[::1] ids,
                    const int64_t[::1] owner, const int64_t[::1] starts):
     """Marks env ``ids[k]`` in flight (``in_flight[ids[k]] = 1``) and pushes ``ids[k] -

@@ -34,7 +34,7 @@ from gymnasium.vector.utils import batch_space
 from shmvec import _pool
 from shmvec import _protocol as P
 from shmvec._actions import exact_integers, rows_reshaped
-from shmvec._core import IndexQueue, load_result, push_in_flight
+from shmvec._core import IndexQueue, copy_actions, load_result, push_in_flight, send_ids_valid
 from shmvec._errors import InvalidActionError, ShmVecEnvError, WorkerTimeoutError
 from shmvec._layout import close_mapping, make_gather
 from shmvec.shm_vector_env import _Engine, gym_vector_seeds, per_env_values, usable_engine
@@ -88,12 +88,17 @@ def checked_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray) -> np.n
         env in flight already.
     """
     if env_ids is None:
-        ids = np.arange(num_envs)
+        ids = np.arange(num_envs, dtype=np.int64)
     else:
-        ids = np.asarray(env_ids).reshape(-1)
+        ids = np.asarray(env_ids)
+        if ids.ndim > 1:
+            raise ValueError(f"env_ids must be a 1-D sequence of env indices, got shape {ids.shape}")
+        ids = ids.reshape(-1)
         if ids.size and ids.dtype.kind not in "iu":  # 0.7 or "3" truncated, a bool mask read as 0/1
             raise ValueError(f"env_ids must be integers, got {ids.tolist()} ({ids.dtype})")
-        ids = ids.astype(np.int64)
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+    if send_ids_valid(in_flight.view(np.uint8), ids):  # the usual case, in one C pass (8 us -> 1 us)
+        return ids
     if ids.size and (ids.min() < 0 or ids.max() >= num_envs):
         raise ValueError(f"env_ids must be in [0, {num_envs}), got {ids.tolist()}")
     if np.unique(ids).size != ids.size:
@@ -443,19 +448,23 @@ class ShmEnvPool:
                 value = value[key]
             arr = np.asarray(value)
             shape = (ids.size, *leaf.shape)
-            where = "".join(f"[{k!r}]" for k in leaf.path)
             if arr.shape != shape:
                 rows = rows_reshaped(arr, ids.size, leaf.shape)
                 if rows is None:
+                    where = "".join(f"[{k!r}]" for k in leaf.path)
                     raise ValueError(f"actions{where} have shape {arr.shape}; expected {shape} (one row per env id, first)")
                 arr = rows
             if arr.dtype != leaf.dtype and (leaf.dtype.kind in "iu" or not np.can_cast(arr.dtype, leaf.dtype, "same_kind")):
                 exact = exact_integers(arr, leaf.dtype)  # as ShmVecEnv: whole floats, integers that fit
                 if exact is None:
+                    where = "".join(f"[{k!r}]" for k in leaf.path)
                     raise ValueError(f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype}")
                 arr = exact
             check = engine._act_checks.get(leaf.path)
-            if check is not None:  # out of range, NaN: as ShmVecEnv (invalid_actions=), before anything is sent
+            fast = engine._act_fast.get(leaf.path)
+            if check is not None and (fast is None or not copy_actions(arr, np.empty_like(arr), *fast)):
+                # Out of range, NaN (as ShmVecEnv, invalid_actions=), before anything is sent; the
+                # usual batch passed copy_actions' check in one C pass (0.5 us, not 4).
                 try:
                     check(arr)
                 except InvalidActionError as exc:

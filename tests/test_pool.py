@@ -539,15 +539,17 @@ def test_an_interrupt_while_recv_builds_its_batch_loses_no_env_and_no_reset_info
         pool.close()
 
 
-@pytest.mark.parametrize("env_ids", [[0.7, 1.9], ["1"], [False, True, True, False]])
-def test_send_refuses_env_ids_that_are_not_integers(env_ids):
+@pytest.mark.parametrize("env_ids, match", [([0.7, 1.9], "must be integers"), (["1"], "must be integers"),
+                                            ([False, True, True, False], "must be integers"),
+                                            ([[1], [3]], "must be a 1-D sequence")])
+def test_send_refuses_env_ids_that_are_not_integers(env_ids, match):
     pool = ShmEnvPool([functools.partial(testenvs.make_sleepy_env, 0.0) for _ in range(4)], batch_size=2,
                       n_workers=2, start_method="fork")
     try:
         pool.async_reset()
         pool.recv()
         pool.recv()
-        with pytest.raises(ValueError, match="env_ids must be integers"):
+        with pytest.raises(ValueError, match=f"env_ids {match}"):
             pool.send(np.zeros(len(env_ids), dtype=np.int64), env_ids)
         pool.send(np.zeros(2, dtype=np.int64), np.array([1, 3], dtype=np.int32))  # any integer dtype
         assert sorted(pool.recv()[4]["env_id"].tolist()) == [1, 3]

@@ -15,7 +15,15 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 import pytest
 
-from shmvec._core import QUEUE_MAX_VALUE, IndexQueue, Words, push_in_flight, queue_bytes, queue_capacity_for
+from shmvec._core import (
+    QUEUE_MAX_VALUE,
+    IndexQueue,
+    Words,
+    push_in_flight,
+    queue_bytes,
+    queue_capacity_for,
+    send_ids_valid,
+)
 
 CAPACITY = 64
 CREDIT = 8           # values a producer may have outstanding (producers x CREDIT <= CAPACITY)
@@ -360,4 +368,13 @@ def test_push_in_flight_marks_and_pushes_each_env_to_its_workers_queue():
     assert in_flight.tolist() == [False, True, False, True, True] and len(qs[0]) == 0
     for q in qs:
         q.release()
+
+
+@pytest.mark.parametrize("ids, ok", [([2, 0, 4], True), ([], True), ([0, 1], False), ([2, 2], False),
+                                     ([0, 5], False), ([-1], False), ([4, 0, 4], False)])
+def test_send_ids_valid_checks_range_repeats_and_in_flight_and_changes_nothing(ids, ok):
+    in_flight = np.array([False, True, False, False, False])
+    before = in_flight.copy()
+    assert send_ids_valid(in_flight.view(np.uint8), np.array(ids, dtype=np.int64)) is ok
+    assert (in_flight == before).all() and in_flight.view(np.uint8).max() <= 1
 
