@@ -67,7 +67,7 @@ import ray.exceptions
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from shmvec._errors import ShmVecEnvError
+from shmvec._errors import InvalidActionError, ShmVecEnvError
 from shmvec.env_pool import _InfoBatch, checked_send_ids
 from shmvec.shm_vector_env import gym_vector_seeds, per_env_values
 from shmvec.ray import RayActorDiedError, _concatenator, _RayActorGroup, _split_actions
@@ -129,6 +129,7 @@ class RayShmEnvPool(_RayActorGroup):
             raise ValueError(f"actor_batch_size must be at least 1, got {actor_batch_size}")
         self.batch_size = batch_size
         self.autoreset_mode = mode
+        self._invalid_actions = (shm_kwargs or {}).get("invalid_actions", "raise")  # checked in send()
 
         def pool_kwargs(slices: list[range]) -> list[dict[str, Any]]:
             sizes = [len(sl) if actor_batch_size is None else min(actor_batch_size, len(sl)) for sl in slices]
@@ -195,7 +196,13 @@ class RayShmEnvPool(_RayActorGroup):
         if not self._running:
             raise ShmVecEnvError("send() before reset(): call reset() or async_reset() first")
         ids = checked_send_ids(env_ids, self.num_envs, self._in_flight)
-        (rows,) = _split_actions(self.single_action_space, actions, ids.size, [range(ids.size)])
+        try:  # checked here, before anything is sent (the actor's own check would break the pool)
+            (rows,) = _split_actions(self.single_action_space, actions, ids.size, [range(ids.size)],
+                                     policy=self._invalid_actions)
+        except InvalidActionError as exc:
+            env_ids = [int(ids[r]) for r in exc.env_indices]
+            raise InvalidActionError(f"{exc} (rows {list(exc.env_indices)} of this send(): env ids {env_ids})",
+                                     env_ids) from None
         starts = np.array([sl.start for sl in self.slices])
         owner = np.searchsorted(starts, ids, side="right") - 1
         self._in_flight[ids] = True

@@ -122,12 +122,13 @@ class ShmVecEnvPool(VecEnv):
         ids = self._ids
         rows = np.asarray(actions)
         sent = {i: rows[k].copy() for k, i in enumerate(ids.tolist())} if rows.ndim and len(rows) == len(ids) else {}
+        was_in_flight = bool(pool._in_flight[ids].any())  # then send() refuses them: nothing is sent
         try:
             pool.send(actions, ids)
         finally:
             # In flight once the pool has marked the ids (in one C call with their push): then
             # step_wait() collects them, also after a Ctrl-C that landed as send() returned.
-            self.waiting = bool(ids.size) and bool(pool._in_flight[ids].all())
+            self.waiting = not was_in_flight and bool(ids.size) and bool(pool._in_flight[ids].all())
             if self.waiting:
                 self._last_action.update(sent)
 

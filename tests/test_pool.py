@@ -656,3 +656,35 @@ def test_send_refuses_invalid_actions_naming_the_env_ids_and_sends_nothing():
     finally:
         pool.close()
 
+
+def test_sb3_pool_step_async_refused_because_its_envs_are_in_flight_sends_nothing():
+    """reset() interrupted in its recv(): every env is in flight. step_async() is refused (nothing
+    sent) and must not claim a step in flight: reset() works again, and no action is recorded."""
+    from shmvec.vec_env_pool import ShmVecEnvPool
+
+    env = ShmVecEnvPool(testenvs.spaces_env_fns("box", "discrete", 4), batch_size=2, n_workers=1,
+                        start_method="fork", timeout=30.0)
+    try:
+        env.reset()
+        env.step(np.array([0, 1]))
+        pool = env._pool
+        recv = pool.recv
+
+        def interrupted():
+            del pool.recv
+            raise KeyboardInterrupt
+
+        pool.recv = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            env.reset()
+        with pytest.raises(ValueError, match="in flight already"):
+            env.step_async(np.array([2, 2]))
+        assert not env.waiting and env._last_action == {}
+        env.reset()
+        actions = [info["pool_action"] for _ in range(3) for info in env.step(np.array([1, 1]))[3]
+                   if "pool_action" in info]
+        assert actions and all(a == 1 for a in actions)  # never the refused [2, 2]
+        del recv
+    finally:
+        env.close()
+

@@ -675,6 +675,10 @@ def test_pool_misuse_is_refused(cluster):
             pool.send(np.zeros(3, dtype=np.int64), ids)
         with pytest.raises(ValueError, match="distinct"):
             pool.send(np.zeros(2, dtype=np.int64), [ids[0], ids[0]])
+        from shmvec import InvalidActionError
+        with pytest.raises(InvalidActionError) as info:  # refused in the driver: nothing is sent
+            pool.send(np.array([0, 7]), ids)  # Discrete(3)
+        assert info.value.env_indices == [int(ids[1])] and not pool._in_flight[ids].any()
         pool.recv()  # the other actor's batch, arrived with the first
         with pytest.raises(ShmVecEnvError, match="too few envs in flight"):
             pool.recv()
