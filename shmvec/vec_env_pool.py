@@ -122,15 +122,19 @@ class ShmVecEnvPool(VecEnv):
         ids = self._ids
         rows = np.asarray(actions)
         sent = {i: rows[k].copy() for k, i in enumerate(ids.tolist())} if rows.ndim and len(rows) == len(ids) else {}
-        was_in_flight = bool(pool._in_flight[ids].any())  # then send() refuses them: nothing is sent
         try:
             pool.send(actions, ids)
-        finally:
-            # In flight once the pool has marked the ids (in one C call with their push): then
-            # step_wait() collects them, also after a Ctrl-C that landed as send() returned.
-            self.waiting = not was_in_flight and bool(ids.size) and bool(pool._in_flight[ids].all())
-            if self.waiting:
+        except ValueError:
+            raise  # refused (ids in flight already, bad actions): nothing was sent
+        except BaseException:
+            # Interrupted (Ctrl-C): the step is in flight if the pool marked the ids (it marks
+            # and pushes them in one C call), and step_wait() then collects it.
+            if ids.size and pool._in_flight[ids].all():
+                self.waiting = True
                 self._last_action.update(sent)
+            raise
+        self.waiting = True
+        self._last_action.update(sent)
 
     def step_wait(self) -> VecEnvStepReturn:
         pool = self._usable()
