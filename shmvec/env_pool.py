@@ -81,6 +81,12 @@ class _PoolResources:
             close_mapping(self.shm)
 
 
+def by_env_id(exc: InvalidActionError, ids: np.ndarray) -> InvalidActionError:
+    """``exc`` (raised for rows of a ``send``'s actions) naming env ``ids[row]`` instead of the rows."""
+    env_ids = [int(ids[r]) for r in exc.env_indices]
+    return InvalidActionError(f"{exc} (rows {list(exc.env_indices)} of this send(): env ids {env_ids})", env_ids)
+
+
 def checked_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray) -> np.ndarray:
     """``env_ids`` of a ``send`` as int64 indices (None: every env), checked once here.
 
@@ -468,9 +474,7 @@ class ShmEnvPool:
                 try:
                     check(arr)
                 except InvalidActionError as exc:
-                    env_ids = [int(ids[r]) for r in exc.env_indices]
-                    raise InvalidActionError(f"{exc} (rows {list(exc.env_indices)} of this send(): env ids {env_ids})",
-                                             env_ids) from None
+                    raise by_env_id(exc, ids) from None
             engine._views.act[leaf.path][ids] = arr.astype(leaf.dtype, copy=False)
 
     def _rows(self, engine: _Engine, idx: np.ndarray):

@@ -68,7 +68,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from shmvec._errors import InvalidActionError, ShmVecEnvError
-from shmvec.env_pool import _InfoBatch, checked_send_ids
+from shmvec.env_pool import _InfoBatch, by_env_id, checked_send_ids
 from shmvec.shm_vector_env import gym_vector_seeds, per_env_values
 from shmvec.ray import RayActorDiedError, _concatenator, _RayActorGroup, _split_actions
 from shmvec.vec_env_pool import ShmVecEnvPool
@@ -200,9 +200,7 @@ class RayShmEnvPool(_RayActorGroup):
             (rows,) = _split_actions(self.single_action_space, actions, ids.size, [range(ids.size)],
                                      policy=self._invalid_actions)
         except InvalidActionError as exc:
-            env_ids = [int(ids[r]) for r in exc.env_indices]
-            raise InvalidActionError(f"{exc} (rows {list(exc.env_indices)} of this send(): env ids {env_ids})",
-                                     env_ids) from None
+            raise by_env_id(exc, ids) from None
         starts = np.array([sl.start for sl in self.slices])
         owner = np.searchsorted(starts, ids, side="right") - 1
         self._in_flight[ids] = True
