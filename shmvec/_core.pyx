@@ -287,6 +287,25 @@ cdef class IndexQueue:
             return value
         return None
 
+    def try_pop_to(self, list out, uint32_t keep_out=0):
+        """``try_pop()``, the value also appended to ``out`` unless it has a bit of ``keep_out``
+        set.  One C call: a signal handler (Ctrl-C) runs before the pop or after the append,
+        never between them with the value only in the caller's local.  Consumer only."""
+        cdef uint32_t value = 0
+        if shmvec_queue_try_pop(self._q(), &value) != SHMVEC_OK:
+            return None
+        if not (value & keep_out):
+            out.append(value)
+        return value
+
+    def pop_to(self, list out, double timeout, double spin=0.0, uint32_t keep_out=0):
+        """``pop(timeout, spin)``, the value also appended to ``out`` unless it has a bit of
+        ``keep_out`` set (see :meth:`try_pop_to`).  Consumer only."""
+        value = self.pop(timeout, spin)
+        if value is not None and not (<uint32_t>value & keep_out):
+            out.append(value)
+        return value
+
     def pop(self, double timeout, double spin=0.0):
         """Waits for the next value (GIL released); None after ``timeout`` seconds (< 0: no
         limit) or when a signal arrived (its handler runs first).  Consumer only."""
@@ -328,6 +347,21 @@ def send_ids_valid(unsigned char[::1] in_flight, const int64_t[::1] ids):
         if 0 <= i < m and in_flight[i] == 2:
             in_flight[i] = 0
     return ok
+
+
+def release_in_flight(unsigned char[::1] in_flight, list ids):
+    """Clears ``in_flight[i]`` for every ``i`` in ``ids``, then empties ``ids``: the end of a
+    pool's ``recv``.  One C call, so a signal handler cannot leave the envs released but still
+    listed as received (a ``recv()`` called again would return them twice)."""
+    cdef Py_ssize_t k, n = len(ids)
+    cdef Py_ssize_t i
+    for k in range(n):
+        i = ids[k]
+        if i < 0 or i >= in_flight.shape[0]:
+            raise IndexError(f"env id {i} out of range")
+    for k in range(n):
+        in_flight[<Py_ssize_t>ids[k]] = 0
+    del ids[:]
 
 
 def push_in_flight(list queues, unsigned char[::1] in_flight, const int64_t[::1] ids,

@@ -34,7 +34,7 @@ from gymnasium.vector.utils import batch_space
 from shmvec import _pool
 from shmvec import _protocol as P
 from shmvec._actions import exact_integers, rows_reshaped
-from shmvec._core import IndexQueue, copy_actions, load_result, push_in_flight, send_ids_valid
+from shmvec._core import IndexQueue, copy_actions, load_result, push_in_flight, release_in_flight, send_ids_valid
 from shmvec._errors import InvalidActionError, ShmVecEnvError, WorkerTimeoutError
 from shmvec._layout import close_mapping, make_gather
 from shmvec.shm_vector_env import _Engine, gym_vector_seeds, per_env_values, usable_engine
@@ -297,6 +297,17 @@ class ShmEnvPool:
         :raises WorkerDiedError, WorkerTimeoutError: a worker died or did not answer in time;
             the original exception type if an env raised.
         """
+        result = self._recv_held()
+        self._release_received()
+        return result
+
+    def _release_received(self) -> None:
+        """The envs of the batch ``_recv_held`` returned are no longer in flight (they can be sent)."""
+        release_in_flight(self._in_flight_u8, self._partial)  # and empties _partial, in one C call
+
+    def _recv_held(self):
+        """``recv()``'s batch, its envs still in flight until ``_release_received()``: called
+        again before that (a Ctrl-C landed as it returned), it returns the same batch."""
         engine = self._usable()
         n = self.batch_size
         in_flight = int(self._in_flight.sum())
@@ -310,12 +321,14 @@ class ShmEnvPool:
         # out (an env's arrival just forgets the stamp), so the hot path reads no clock.
         since: float | None = None
         stamped_at = len(ids)
+        error_bit = _pool.ERROR_BIT
         while len(ids) < n:
-            v = out_q.try_pop()
+            # Popped and appended to ids in one C call: a Ctrl-C cannot lose an env between them.
+            v = out_q.try_pop_to(ids, error_bit)
             if v is None and out_q.wait_count(n - len(ids), P.POLL_S, self._spin):
-                v = out_q.try_pop()
+                v = out_q.try_pop_to(ids, error_bit)
                 if v is None:  # published, but an earlier slot is still being filled
-                    v = out_q.pop(P.POLL_S, self._spin)
+                    v = out_q.pop_to(ids, P.POLL_S, self._spin, error_bit)
             if v is None:
                 engine._check_workers_alive("pool recv")
                 now = time.monotonic()
@@ -331,12 +344,7 @@ class ShmEnvPool:
             if v & _pool.ERROR_BIT:
                 self._stop()  # raises the env's exception (and marks the engine broken)
                 raise ShmVecEnvError(f"worker {v & ~_pool.ERROR_BIT} reported an error that it did not send")
-            ids.append(v)
-        idx = np.asarray(ids, dtype=np.int64)
-        result = self._rows(engine, idx)  # interrupted here, the envs are still _partial and in flight
-        self._in_flight[idx] = False
-        self._partial = []
-        return result
+        return self._rows(engine, np.asarray(ids, dtype=np.int64))  # the envs are still _partial and in flight
 
     def step(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None):
         """``send`` then ``recv`` (EnvPool's ``step``)."""

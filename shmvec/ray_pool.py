@@ -214,6 +214,12 @@ class RayShmEnvPool(_RayActorGroup):
             else:
                 self._sends.append((k, ref))
 
+    def _recv_held(self):  # as ShmEnvPool's: the batch is the driver's once recv() returns
+        return self.recv()
+
+    def _release_received(self) -> None:
+        pass
+
     def recv(self):
         """Waits until ``batch_size`` envs finished; returns (obs, rewards, terminated, truncated, infos).
 

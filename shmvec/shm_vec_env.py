@@ -310,8 +310,12 @@ class ShmVecEnv(Recovery, VecEnv):
 
     # Class-level defaults: close() and __del__ are safe on a half-built object.
     closed = True
-    waiting = False
+    waiting = False  # a step was posted and its results are not yet returned
     _constructing = False
+    # The results of the step in flight once its wait is over (step_wait() returns them again if
+    # a Ctrl-C cut it short), and whether collecting them consumed a pipe message (no second read).
+    _done_step: list[list] | None = None
+    _consumed = False
     _broken: BaseException | None = None
     _res: _Resources | None = None
     # How workers reset finished envs (_protocol): SB3 expects the reset within the same step.
@@ -527,8 +531,9 @@ class ShmVecEnv(Recovery, VecEnv):
         :raises WorkerDiedError: a worker died.
         """
         self._check_usable()
-        if self.waiting:
-            raise AlreadyPendingCallError("reset() while a step is in flight: call step_wait() first")
+        if self.waiting:  # a step left in flight (by a Ctrl-C, or a step_async()): finished, then dropped
+            self._complete_step()
+            self.waiting = False
         results = self._reset_workers(self._seeds, self._options)
         self.reset_infos = [{} for _ in range(self.num_envs)]
         for items in results:
@@ -656,7 +661,9 @@ class ShmVecEnv(Recovery, VecEnv):
         """
         self._check_usable()
         if self.waiting:
-            raise AlreadyPendingCallError("step_async() called twice: call step_wait() before the next step_async()")
+            raise AlreadyPendingCallError(
+                "step_async() while a step is in flight (a step_async() without its step_wait(), or a step "
+                "interrupted by Ctrl-C): call step_wait() to collect it, or reset()")
         self._write_actions(actions)
         # Restarted envs that await their truncation report (_recovery) are not stepped.
         self._post(P.Cmd.STEP, skip=self._fresh)  # sets self.waiting
@@ -673,8 +680,9 @@ class ShmVecEnv(Recovery, VecEnv):
         self._check_usable()
         if not self.waiting:
             raise NoAsyncCallError("step_wait() without a preceding step_async()")
-        results = self._complete_step()
-        return self._step_results(results)
+        out = self._step_results(self._complete_step())
+        self.waiting = False
+        return out
 
     def step(self, actions: np.ndarray) -> VecEnvStepReturn:
         """``step_async(actions)`` then ``step_wait()`` (SB3's ``VecEnv.step``), the usual case in
@@ -686,21 +694,30 @@ class ShmVecEnv(Recovery, VecEnv):
                 or not copy_actions(actions, *self._step_actions)):
             return super().step(actions)  # everything else, and every check and error message
         self._post(P.Cmd.STEP)  # sets self.waiting
-        results = self._complete_step()
-        return self._step_results(results)
+        out = self._step_results(self._complete_step())
+        self.waiting = False
+        return out
 
     def _complete_step(self) -> list[list]:
-        """Waits for the posted step (``self.waiting``), which is over once this returns or raises
-        from the wait (the env is then broken).  Interrupted before the wait began (a Ctrl-C lands
-        on any call), the step stays in flight: ``step_wait()`` resumes it, ``close()`` waits for it.
+        """The workers' items of the step in flight (``self.waiting``, which the caller clears once
+        it has returned the step): waits for them the first time, returns them again after that.
+
+        A Ctrl-C (any exception a signal handler raises) before, during or after the wait leaves
+        the step in flight, to be collected by ``step_wait()`` (SB3's ``step_wait``; ``reset()``
+        and ``close()`` finish it and drop it), unless collecting it had consumed a worker's pipe
+        message: that cannot be read twice, so the env is broken.  So is it when the step failed.
         """
-        try:
-            results = self._complete("step")
-        except BaseException:
-            if self._broken is not None:
-                self.waiting = False
-            raise
-        self.waiting = False
+        results = self._done_step
+        if results is None:
+            try:
+                results = self._complete("step")
+                self._done_step = results  # in the try: a Ctrl-C may land as _complete returns
+            except BaseException as exc:
+                if self._broken is None and self._consumed:
+                    self._broken = exc
+                if self._broken is not None:
+                    self.waiting = False
+                raise
         return results
 
     def _step_results(self, results: list[list]) -> VecEnvStepReturn:
@@ -744,7 +761,7 @@ class ShmVecEnv(Recovery, VecEnv):
             return
         # Workers that timed out may be stuck in an env: do not wait for them to answer.
         polite = not isinstance(self._broken, WorkerTimeoutError)
-        if self.waiting and polite:
+        if self.waiting and polite and self._done_step is None:
             try:
                 self._complete("step", deadline_s=_CLOSE_JOIN_S)
             except BaseException:
@@ -944,27 +961,45 @@ class ShmVecEnv(Recovery, VecEnv):
         """Posts ``cmd`` to every worker but those in ``skip`` (protocol steps 1-3)."""
         words, seqs = self._words, self._seq
         code = int(cmd)
+        posted = 0  # workers whose CMD_SEQ may have changed (counted before the change)
+        all_posted = False
         try:
             self._arm_early_wake(cmd)
             words.store(P.PENDING, self.n_workers - len(skip))
             for w, (seq_word, cmd_word, _) in enumerate(self._cmd_words):
                 if w not in skip:
+                    posted += 1
                     seqs[w] = seq = (seqs[w] + 1) & 0xFFFFFFFF
                     words.store(cmd_word, code)
                     words.store(seq_word, seq)
+            all_posted = True
+            self._consumed = False
             if code == _STEP:
+                self._done_step = None
                 self.waiting = True  # here, not in the caller: a Ctrl-C may land as _post returns
-            # Wake the sleepers only once every worker has its command: a worker woken on this core
-            # may take it at once, and the spinning workers must not wait for it to finish.
-            for w, (seq_word, _, sleepers_word) in enumerate(self._cmd_words):
-                if w not in skip:
-                    words.wake_sleepers(seq_word, sleepers_word)
+            self._wake_posted(skip)
         except BaseException as exc:
-            # Interrupted (Ctrl-C) part way: some workers may run the command and nobody will wait
-            # for them; a next command would store PENDING under them and read stale results.
-            if self._broken is None:
+            # Interrupted (Ctrl-C).  Before any worker had its command, nothing was sent (the
+            # next post stores PENDING again).  Once every worker has a step, it is in flight:
+            # the sleepers are woken and step_wait() collects it.  Part way, some workers may
+            # run the command and nobody will wait for them; a next command would store PENDING
+            # under them and read stale results: the env is broken.
+            if all_posted and code == _STEP and self._broken is None:
+                self._consumed = False
+                self._done_step = None
+                self.waiting = True
+                self._wake_posted(skip)
+            elif posted and self._broken is None:
                 self._broken = exc
             raise
+
+    def _wake_posted(self, skip: Any) -> None:
+        # Wake the sleepers only once every worker has its command: a worker woken on this core
+        # may take it at once, and the spinning workers must not wait for it to finish.
+        words = self._words
+        for w, (seq_word, _, sleepers_word) in enumerate(self._cmd_words):
+            if w not in skip:
+                words.wake_sleepers(seq_word, sleepers_word)
 
     def _complete(self, command: str, deadline_s: float | None = None) -> list[list]:
         """Waits for PENDING to reach 0, then collects each worker's infos (or error)."""
@@ -975,8 +1010,11 @@ class ShmVecEnv(Recovery, VecEnv):
         except BaseException as exc:
             # Interrupted (KeyboardInterrupt, or any exception a signal handler raised) while the
             # workers still run the command: the counters no longer match, and a next command
-            # would read stale results.  Failures found here have set _broken already.
-            if self._broken is None:
+            # would read stale results.  Failures found here have set _broken already.  A step's
+            # wait can be taken up again (step_wait()): it only reads the shared words, and the
+            # mailboxes until a pipe message is consumed (restart mode keeps its own books).
+            if self._broken is None and not (command == "step" and deadline_s is None and not self._restart
+                                             and not self._consumed):
                 self._broken = exc
             raise
 
@@ -1008,6 +1046,7 @@ class ShmVecEnv(Recovery, VecEnv):
         for w, (status_word, result_word) in enumerate(self._result_words):
             status = words.load(status_word)
             if status == _ERROR:
+                self._consumed = True
                 tag, packed = self._recv_raw(w, command)
                 exc = unpack_exception(packed, _BROKEN_HINT)
                 error = error or exc
@@ -1024,6 +1063,7 @@ class ShmVecEnv(Recovery, VecEnv):
         """Worker ``w``'s result message, ``n`` its RESULT_LEN: the mailbox's first ``n`` bytes (the
         info codec or a pickle, told apart by ``load_result``), or a pickle in the pipe."""
         if n == P.RESULT_IN_PIPE:
+            self._consumed = True
             return pickle.loads(self._recv_raw(w, command, raw_bytes=True))
         return load_result(self._views.mailbox[w, :n]) if n else []
 

@@ -71,11 +71,16 @@ class _Engine(ShmVecEnv):
 
     def step_raw(self, actions: Any) -> list[list]:
         """Writes the actions, steps every env, returns the workers' items; results stay in the buffers."""
-        self.step_async(actions)
         try:
-            return self._complete_step()
+            self.step_async(actions)  # ``waiting`` once every worker has the step (in _post)
+            results = self._complete_step()
+            self.waiting = False
+            return results
         except BaseException as exc:
-            if self._broken is None:  # interrupted before the wait: Gymnasium has no step_wait() to resume it
+            # Posted, then interrupted before the wait (a Ctrl-C as step_async returns, or as the
+            # wait begins): Gymnasium has no step_wait() to resume it.  Refused actions (nothing
+            # posted) and a failed wait (which breaks the env itself) leave ``waiting`` False.
+            if self.waiting and self._broken is None:
                 self._broken = exc
             self.waiting = False
             raise

@@ -68,6 +68,7 @@ class ShmVecEnvPool(VecEnv):
     _pool: ShmEnvPool | None = None
     waiting = False
     _received: tuple | None = None  # a batch recv() returned that step_wait() has not returned yet
+    _built: tuple | None = None  # that batch as step_wait() returns it, once built
     _pool_cls: Any = ShmEnvPool  # the pool behind it (shmvec.ray_pool.RayShmVecEnvPool puts a RayShmEnvPool)
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], batch_size: int | None = None,
@@ -94,14 +95,15 @@ class ShmVecEnvPool(VecEnv):
     def reset(self) -> VecEnvObs:
         """Resets every env of the pool; returns the first ``batch_size`` (rows sorted by env index)."""
         pool = self._usable()
-        if self.waiting:
-            raise AlreadyPendingCallError("reset() while a step is in flight: call step_wait() first")
+        # A step in flight (a step_async() without its step_wait(), or a step interrupted by
+        # Ctrl-C) is dropped: async_reset() drops whatever is in flight.
+        self.waiting = False
         pool.async_reset(seed=self._pool_seeds, options=self._pool_options)
         self._pool_seeds = [None] * self.pool_size
         self._pool_options = None
         self._last_action = {}
         self._last_obs = {}
-        self._received = None
+        self._received = self._built = None
         obs, _, _, _, infos = pool.recv()
         obs, ids, order = self._sorted(obs, infos)
         self._remember(obs, ids)
@@ -118,12 +120,17 @@ class ShmVecEnvPool(VecEnv):
     def step_async(self, actions: np.ndarray) -> None:
         pool = self._usable()
         if self.waiting:
-            raise AlreadyPendingCallError("step_async() called twice: call step_wait() before the next step_async()")
+            raise AlreadyPendingCallError(
+                "step_async() while a step is in flight (a step_async() without its step_wait(), or a step "
+                "interrupted by Ctrl-C): call step_wait() to collect it, or reset()")
         ids = self._ids
         rows = np.asarray(actions)
         sent = {i: rows[k].copy() for k, i in enumerate(ids.tolist())} if rows.ndim and len(rows) == len(ids) else {}
+        self._received = self._built = None
         try:
             pool.send(actions, ids)
+            self.waiting = True  # in the try: a Ctrl-C may land as send() returns
+            self._last_action.update(sent)
         except ValueError:
             raise  # refused (ids in flight already, bad actions): nothing was sent
         except BaseException:
@@ -133,8 +140,6 @@ class ShmVecEnvPool(VecEnv):
                 self.waiting = True
                 self._last_action.update(sent)
             raise
-        self.waiting = True
-        self._last_action.update(sent)
 
     def step_wait(self) -> VecEnvStepReturn:
         pool = self._usable()
@@ -142,15 +147,32 @@ class ShmVecEnvPool(VecEnv):
             raise NoAsyncCallError("step_wait() without a preceding step_async()")
         if self._received is None:
             try:
-                self._received = pool.recv()
+                # Its envs stay in flight until released below: interrupted as it returns (a
+                # Ctrl-C), step_wait() called again receives the same batch.
+                self._received = pool._recv_held()
             except KeyboardInterrupt:
                 raise  # still in flight: step_wait() again resumes (ShmEnvPool.recv keeps what arrived)
             except BaseException:
                 self.waiting = False
                 raise
-        # The batch is kept until it is returned: interrupted below, step_wait() builds it again
-        # (what follows changes no state before the end).
-        obs, rewards, terminated, truncated, vinfos = self._received
+        # The batch is kept until it is returned: interrupted below (a Ctrl-C), step_wait() builds
+        # it again (building changes no state), or returns what it built (the bookkeeping after
+        # it can run twice).
+        if self._built is None:
+            self._built = self._build(pool, *self._received)
+        out, ids = self._built
+        pool._release_received()  # does nothing the second time
+        self._remember(out[0], ids)
+        for i in ids.tolist():
+            self._last_action.pop(i, None)
+        self.waiting = False
+        self._received = self._built = None  # (also cleared by step_async: a Ctrl-C may land here)
+        return out
+
+    def _build(self, pool: ShmEnvPool, obs: Any, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+               vinfos: dict) -> tuple[VecEnvStepReturn, np.ndarray]:
+        """SB3's step return for a received batch, and its rows' env ids; changes no state but
+        ``reset_infos`` (set the same way if built again)."""
         prev_obs = self._last_obs
         obs, ids, order = self._sorted(obs, vinfos)
         rewards, terminated, truncated = rewards[order], terminated[order], truncated[order]
@@ -178,13 +200,7 @@ class ShmVecEnvPool(VecEnv):
                 info["pool_obs"] = prev_obs[i]
                 info["pool_action"] = self._last_action[i]
             infos.append(info)
-        rewards = rewards.astype(np.float32)
-        self._remember(obs, ids)
-        for i in ids.tolist():
-            self._last_action.pop(i, None)
-        self._received = None
-        self.waiting = False
-        return obs, rewards, dones, infos
+        return (obs, rewards.astype(np.float32), dones, infos), ids
 
     def close(self) -> None:
         if self._pool is not None:

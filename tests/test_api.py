@@ -291,13 +291,20 @@ def test_step_async_twice_and_other_calls_while_pending(build):
     with pytest.raises(AlreadyPendingCallError):
         env.step_async(_discrete_actions(3))
     with pytest.raises(AlreadyPendingCallError):
-        env.reset()
-    with pytest.raises(AlreadyPendingCallError):
         env.get_attr("tag")
     obs, *_ = env.step_wait()  # the first step completes normally
     assert obs.shape == (3, 5)
     with pytest.raises(NoAsyncCallError):
         env.step_wait()
+    env.step(_discrete_actions(3))
+    env.step_async(_discrete_actions(3))
+    env.seed(7)
+    obs = env.reset()  # finishes the step in flight, drops it, then resets
+    assert not env.waiting
+    with pytest.raises(NoAsyncCallError):
+        env.step_wait()
+    env.seed(7)
+    np.testing.assert_array_equal(env.reset(), obs)
     env.step(_discrete_actions(3))
 
 
@@ -896,9 +903,10 @@ def alarm():
 
 @pytest.mark.timeout(60, method="thread")  # pytest-timeout's own method uses SIGALRM
 @pytest.mark.parametrize("interrupted", ["step", "reset", "env_method"])
-def test_interrupted_call_leaves_the_vec_env_broken_not_stale(alarm, interrupted):
+def test_interrupted_call_leaves_the_vec_env_in_flight_or_broken_never_stale(alarm, interrupted):
     """A signal handler raising while the workers still run a command (Ctrl-C) must not let the
-    next command read the interrupted one's results."""
+    next command read the interrupted one's results.  A step stays in flight (step_wait() collects
+    it); a reset or a rare command breaks the vec env."""
     # The alarm must go off after the command was posted and before the workers answer: 0.5 s
     # into a 2 s command (a 0.1 s alarm could fire before a stalled parent had posted anything,
     # and then nothing was interrupted and the vec env was not broken).
@@ -918,11 +926,22 @@ def test_interrupted_call_leaves_the_vec_env_broken_not_stale(alarm, interrupted
                 env.reset()
             else:
                 env.env_method("nap", 2.0)
-        with pytest.raises(BrokenVecEnvError, match="_Interrupted"):
-            if interrupted == "env_method":
-                env.get_attr("tag")
-            else:
+        if interrupted == "step":
+            assert env.waiting and env._broken is None
+            with pytest.raises(AlreadyPendingCallError, match="interrupted by Ctrl-C"):
                 env.step(_discrete_actions(2))
+            with pytest.raises(AlreadyPendingCallError, match="step_wait"):
+                env.get_attr("tag")
+            obs, rewards, dones, infos = env.step_wait()
+            assert obs.shape[0] == 2 and not env.waiting
+            with pytest.raises(NoAsyncCallError):
+                env.step_wait()
+        else:
+            with pytest.raises(BrokenVecEnvError, match="_Interrupted"):
+                if interrupted == "env_method":
+                    env.get_attr("tag")
+                else:
+                    env.step(_discrete_actions(2))
         start = time.monotonic()
     finally:
         env.close()

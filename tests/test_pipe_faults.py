@@ -201,8 +201,11 @@ class _InterruptAfter:
         return getattr(self._words, name)
 
 
-@pytest.mark.parametrize("n", [3, 5])
-def test_an_interrupt_while_a_step_is_posted_breaks_the_env(n):
+@pytest.mark.parametrize("n", [2, 3, 5, 7])
+def test_an_interrupt_while_a_step_is_posted_breaks_the_env_once_a_worker_may_have_it(n):
+    """Stores 1-3 (PARENT_CPU, EARLY_WAKE, PENDING) come before any worker's command: nothing was
+    sent, and the env goes on.  From store 4 (worker 0's CMD) until worker 1's CMD_SEQ (store 7),
+    a worker may run a step that nobody waits for: the env is broken."""
     env = _env(_pipe_envs())
     try:
         env.reset()
@@ -212,8 +215,14 @@ def test_an_interrupt_while_a_step_is_posted_breaks_the_env(n):
         with pytest.raises(KeyboardInterrupt):
             env.step(_actions())
         env._words = words
-        with pytest.raises(BrokenVecEnvError):
+        assert not env.waiting
+        if n <= 3:
+            assert env._broken is None
             env.step(_actions())
+            assert env.get_attr("tag") == [0, 1, 2, 3]
+        else:
+            with pytest.raises(BrokenVecEnvError):
+                env.step(_actions())
     finally:
         env.close()
 

@@ -1,0 +1,248 @@
+"""A Ctrl-C at every line of the step's path: the vec env is never left stale.
+
+A real Ctrl-C raises ``KeyboardInterrupt`` wherever the interpreter checks for signals, which is
+after nearly any call.  ``interrupt_at(func, line)`` makes it land, once, as ``line`` of ``func``
+is about to run (a trace function that raises: Python then raises the exception in the traced
+frame), so each test walks every line of every function a step runs through, and checks what the
+interrupt left behind against ``DummyVecEnv`` on the same seeds.  Each interrupt must leave one of:
+
+- nothing sent: no worker has the step, and the next step is the reference's next step;
+- the step in flight: ``step()`` and rare calls say so, ``step_wait()`` returns the step (equal
+  to the reference's), ``reset()`` finishes it and drops it;
+- a broken vec env, only where it cannot be otherwise: a post that reached some workers and not
+  others, or a step whose collection had consumed a worker's pipe message (infos larger than the
+  mailbox), which cannot be read twice.
+
+A step is lost (done in the workers, its results never returned) only when the interrupt lands on
+the ``return`` of ``step``/``step_wait`` itself: past it, the caller has the results.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import inspect
+import sys
+from collections import Counter
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import testenvs
+from helpers import assert_same, close_all
+
+from shmvec import AlreadyPendingCallError, BrokenVecEnvError, ShmVecEnv
+
+
+def _lines(func: Callable) -> list[int]:
+    """The lines of ``func``'s body that start bytecode (where a line event fires)."""
+    code = func.__code__
+    return sorted({line for _, line in dis.findlinestarts(code) if line is not None and line > code.co_firstlineno})
+
+
+def _source_line(func: Callable, line: int) -> str:
+    lines, first = inspect.getsourcelines(func)
+    return lines[line - first].strip()
+
+
+def interrupt_at(func: Callable, line: int, when: Callable[[Any], bool] = lambda frame: True) -> tuple[Callable, list]:
+    """A trace function that raises KeyboardInterrupt once, as ``line`` of ``func`` is about to
+    run (in a frame for which ``when(frame)`` is true); and a list that is non-empty once it has."""
+    code = func.__code__
+    fired: list = []
+
+    def local(frame, event, arg):
+        if event == "line" and frame.f_lineno == line and not fired and when(frame):
+            fired.append(line)
+            raise KeyboardInterrupt  # Python clears the trace function and raises this in the frame
+        return local
+
+    def calls(frame, event, arg):
+        return local if frame.f_code is code else None
+
+    return calls, fired
+
+
+_STEP_PATH = [ShmVecEnv.step, ShmVecEnv.step_async, ShmVecEnv.step_wait, ShmVecEnv._post, ShmVecEnv._wake_posted,
+              ShmVecEnv._complete_step, ShmVecEnv._complete, ShmVecEnv._complete_or_raise, ShmVecEnv._read_result,
+              ShmVecEnv._step_results]
+
+
+def _run(env: ShmVecEnv, how: str, act: np.ndarray) -> Any:
+    if how == "step":
+        return env.step(act)
+    env.step_async(act)
+    return env.step_wait()
+
+
+@pytest.mark.timeout(300, method="thread")
+@pytest.mark.parametrize("how, infos", [("step", "mailbox"), ("step_async", "mailbox"), ("step", "pipe")])
+def test_a_ctrl_c_at_any_line_of_a_step_leaves_it_unsent_in_flight_or_broken_never_stale(how, infos):
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    if infos == "pipe":  # every step's infos are larger than the mailbox: they go through the pipe
+        fns = [functools.partial(testenvs.make_big_info_env, i) for i in range(4)]
+        kwargs: dict[str, Any] = {"mailbox_bytes": 1024}
+    else:
+        fns = testenvs.spaces_env_fns("box", "discrete", 4, term_prob=0.3)
+        kwargs = {}
+    build = functools.partial(ShmVecEnv, fns, n_workers=2, start_method="fork", timeout=30.0, **kwargs)
+    ref, env = DummyVecEnv(fns), build()
+    rng = np.random.default_rng(0)
+    outcomes: Counter = Counter()
+
+    def in_step(seed: int) -> None:  # both envs reset with one seed
+        env.seed(seed)
+        ref.seed(seed)
+        assert_same(env.reset(), ref.reset(), "reset")
+
+    try:
+        in_step(1)
+        for func in _STEP_PATH:
+            for line in _lines(func):
+                where = f"{func.__name__} line {line}: {_source_line(func, line)!r}"
+                act = rng.integers(0, 3, size=4)
+                seqs = list(env._seq)
+                tracer, fired = interrupt_at(func, line)
+                got = None
+                sys.settrace(tracer)
+                try:
+                    got = _run(env, how, act)
+                except KeyboardInterrupt:
+                    assert fired, where
+                finally:
+                    sys.settrace(None)
+                if not fired:  # a line this step does not run (an error path, another branch)
+                    outcomes["not reached"] += 1
+                    assert_same(got, ref.step(act), where)
+                    continue
+                if env._broken is not None:
+                    outcomes["broken"] += 1
+                    assert func is ShmVecEnv._post or env._consumed, f"broken by an interrupt at {where}"
+                    with pytest.raises(BrokenVecEnvError, match="KeyboardInterrupt"):
+                        env.step(act)
+                    env.close()
+                    env = build()
+                    in_step(int(rng.integers(1000)))
+                    continue
+                if env.waiting:
+                    outcomes["in flight"] += 1
+                    with pytest.raises(AlreadyPendingCallError, match="step_wait"):
+                        env.step(act)
+                    if outcomes["in flight"] % 3:
+                        assert_same(env.step_wait(), ref.step(act), where)
+                    else:
+                        ref.step(act)
+                        in_step(int(rng.integers(1000)))  # reset() finishes the step and drops it
+                    assert not env.waiting
+                elif env._seq != seqs:
+                    outcomes["lost"] += 1
+                    assert func in (ShmVecEnv.step, ShmVecEnv.step_wait), f"step lost at {where}"
+                    assert _source_line(func, line) == "return out", f"step lost at {where}"
+                    ref.step(act)
+                else:
+                    outcomes["not sent"] += 1
+                act = rng.integers(0, 3, size=4)
+                assert_same(env.step(act), ref.step(act), f"the step after an interrupt at {where}")
+        # Each kind of outcome happened (the walk is not vacuous).
+        assert outcomes["in flight"] >= 20 and outcomes["not sent"] >= 5, outcomes
+        assert outcomes["broken"] >= 1, outcomes
+        if infos == "pipe":  # the last worker's message consumed, the first's not yet unpickled
+            assert outcomes["broken"] > 3, outcomes
+    finally:
+        close_all(env, ref)
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_ppo_learns_again_after_a_ctrl_c_in_the_middle_of_a_step():
+    """The usual Ctrl-C: in a notebook, while the parent waits for the workers.  Running learn()
+    again (it resets the env) goes on; so does step_wait() to collect the interrupted step."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env("CartPole-v1", n_envs=4, seed=0, vec_env_cls=ShmVecEnv,
+                       vec_env_kwargs={"n_workers": 2, "start_method": "fork", "timeout": 30.0})
+    try:
+        model = PPO("MlpPolicy", env, n_steps=32, batch_size=64, n_epochs=1, seed=0)
+        wait_lines = [line for line in _lines(ShmVecEnv._complete_or_raise)
+                      if "wait_while" in _source_line(ShmVecEnv._complete_or_raise, line)]
+        assert len(wait_lines) == 1
+        tracer, fired = interrupt_at(ShmVecEnv._complete_or_raise, wait_lines[0],
+                                     when=lambda frame: frame.f_locals["command"] == "step")  # not learn()'s reset
+        sys.settrace(tracer)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                model.learn(256)
+        finally:
+            sys.settrace(None)
+        assert fired and env.waiting and env._broken is None, (fired, env.waiting, env._broken)
+        model.learn(128)  # reset_num_timesteps=True: learn() resets the env, which drops the step
+        assert model.num_timesteps == 128
+        assert not env.waiting and env._broken is None
+    finally:
+        env.close()
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_a_ctrl_c_at_any_line_of_an_sb3_pool_step_leaves_it_unsent_or_in_flight():
+    """The same walk for ShmVecEnvPool (SB3's VecEnv over ShmEnvPool): its send() marks and
+    pushes in one C call and its recv() keeps what arrived, so no line may break it."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+    from stable_baselines3.common.vec_env.base_vec_env import VecEnv
+
+    from shmvec.env_pool import ShmEnvPool
+    from shmvec.vec_env_pool import ShmVecEnvPool
+
+    from helpers import POOL_INFO_KEYS
+
+    fns = testenvs.spaces_env_fns("box", "discrete", 4, term_prob=0.3)
+    ref, env = DummyVecEnv(fns), ShmVecEnvPool(fns, n_workers=2, start_method="fork", timeout=30.0)
+    rng = np.random.default_rng(0)
+    outcomes: Counter = Counter()
+
+    def same(got: Any, act: np.ndarray, where: str) -> None:
+        assert_same(got, ref.step(act), where, ignore=POOL_INFO_KEYS)
+        assert [info["pool_action"] for info in got[3]] == act.tolist(), where
+
+    try:
+        ref.seed(3)
+        env.seed(3)
+        assert_same(env.reset(), ref.reset(), "reset")
+        for func in [VecEnv.step, ShmVecEnvPool.step_async, ShmVecEnvPool.step_wait, ShmVecEnvPool._build,
+                     ShmVecEnvPool._sorted, ShmVecEnvPool._remember, ShmEnvPool.send, ShmEnvPool.recv,
+                     ShmEnvPool._recv_held, ShmEnvPool._release_received]:
+            for line in _lines(func):
+                where = f"{func.__qualname__} line {line}: {_source_line(func, line)!r}"
+                act = rng.integers(0, 3, size=4)
+                tracer, fired = interrupt_at(func, line)
+                got = None
+                sys.settrace(tracer)
+                try:
+                    got = env.step(act)
+                except KeyboardInterrupt:
+                    assert fired, where
+                finally:
+                    sys.settrace(None)
+                if not fired:
+                    outcomes["not reached"] += 1
+                    same(got, act, where)
+                    continue
+                assert env._pool._engine._broken is None, f"broken by an interrupt at {where}"
+                if env.waiting:
+                    outcomes["in flight"] += 1
+                    with pytest.raises(AlreadyPendingCallError, match="step_wait"):
+                        env.step(act)
+                    same(env.step_wait(), act, where)
+                else:
+                    assert not env._pool._in_flight.any(), f"envs left in flight by an interrupt at {where}"
+                    if func is ShmVecEnvPool.step_wait:  # past "self.waiting = False": the step is over
+                        outcomes["lost"] += 1
+                        assert _source_line(func, line).startswith(("self._received = self._built = None", "return out")), where
+                        ref.step(act)
+                    else:
+                        outcomes["not sent"] += 1
+                act = rng.integers(0, 3, size=4)
+                same(env.step(act), act, f"the step after an interrupt at {where}")
+        assert outcomes["in flight"] >= 20 and outcomes["not sent"] >= 3, outcomes
+    finally:
+        close_all(env, ref)
