@@ -198,12 +198,19 @@ def _leaf_check(space: spaces.Space, path: tuple, policy: str) -> Check | None:
 
 def rows_reshaped(arr: np.ndarray, n_rows: int, row_shape: tuple) -> np.ndarray | None:
     """``arr`` as ``(n_rows, *row_shape)`` when that keeps each env's row intact: the leading
-    dimension is ``n_rows`` (``(n, 1)`` for ``(n,)``, and the like), or one env's unbatched
-    action when ``n_rows`` is 1.  None otherwise: a reshape of ``(act_dim, n_envs)`` (transposed)
-    would hand each env a mix of several envs' actions without a word."""
+    dimension is ``n_rows`` and each row has the row's shape but for dimensions of size 1
+    (``(n, 1)`` for ``(n,)``, and the like), or one env's unbatched action when ``n_rows`` is 1.
+    None otherwise: a reshape of ``(act_dim, n_envs)`` (transposed), or of rows of ``(3, 2)`` for
+    ``(2, 3)``, would hand each env a mix of values without a word."""
     shape = (n_rows, *row_shape)
     if arr.size != int(np.prod(shape, dtype=np.int64)):
         return None
-    if (arr.ndim >= 1 and arr.shape[0] == n_rows) or (n_rows == 1 and arr.shape == tuple(row_shape)):
+    if n_rows == 1 and arr.shape == tuple(row_shape):
+        return arr.reshape(shape)
+    if arr.ndim >= 1 and arr.shape[0] == n_rows and _squeezed(arr.shape[1:]) == _squeezed(row_shape):
         return arr.reshape(shape)
     return None
+
+
+def _squeezed(shape: tuple) -> tuple:
+    return tuple(d for d in shape if d != 1)

@@ -79,6 +79,12 @@ def _(space: spaces.Tuple, path: Path = ()) -> list[Leaf]:
     return [leaf for i, sub in enumerate(space.spaces) for leaf in space_leaves(sub, path + (i,))]
 
 
+def _path_key(leaf: Leaf) -> tuple:
+    """A leaf's place in the block: the same in every process for the same set of paths
+    (Dict keys need not be sortable among themselves: int and str keys can mix)."""
+    return tuple((type(k).__name__, repr(k)) for k in leaf.path)
+
+
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
@@ -144,12 +150,16 @@ class Layout:
             self._entries.append((kind, key, offset, shape, dtype))
             offset = _align(offset + nbytes)
 
+        # Buffers in an order of the leaves' paths, not of the space's keys: two envs whose Dict
+        # spaces list the same keys in another order have equal spaces (Gymnasium's Dict.__eq__),
+        # and each process builds this layout from its own env's space.
+        obs_leaves, act_leaves = sorted(self.obs_leaves, key=_path_key), sorted(self.act_leaves, key=_path_key)
         add("ctrl", None, ((n_workers + 1) * P.ROW_WORDS,), np.dtype(np.uint32))
-        for leaf in self.act_leaves:
+        for leaf in act_leaves:
             add("act", leaf.path, (n_envs, *leaf.shape), leaf.dtype)
-        for leaf in self.obs_leaves:
+        for leaf in obs_leaves:
             add("obs", leaf.path, (n_envs, *leaf.shape), leaf.dtype)
-        for leaf in self.obs_leaves:
+        for leaf in obs_leaves:
             add("term_obs", leaf.path, (n_envs, *leaf.shape), leaf.dtype)
         add("rew", None, (n_envs,), np.dtype(np.float64))
         add("terminated", None, (n_envs,), np.dtype(np.bool_))

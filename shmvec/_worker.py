@@ -347,11 +347,12 @@ class _Worker:
                 self.terminated[start:stop] = terms
                 self.truncated[start:stop] = truncs
             except Exception:
-                for j, values in enumerate(zip(rews, terms, truncs)):  # name the env that returned it
+                # Env by env, as DummyVecEnv stores them: numpy takes a value a batch could not
+                # hold (a flag or reward as a one-element array), or raises naming the env.
+                for j, values in enumerate(zip(rews, terms, truncs)):
                     self.current = start + j
                     self.rew[start + j], self.terminated[start + j], self.truncated[start + j] = values
                 self.current = None
-                raise
         if self.masks_on:
             self._write_masks(range(start, stop))
 

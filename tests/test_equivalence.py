@@ -415,3 +415,65 @@ def test_nested_dict_matches_reference(method):
         assert ends > 0
     finally:
         close_all(env, ref)
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_dict_spaces_whose_keys_come_in_another_order_in_some_envs_match_dummy(method):
+    """Envs 2 and 3 (worker 1's) list their Dict keys the other way round: equal spaces, so the vec env takes
+    them, and each process built its buffer layout from its own env's space (the leaves landed
+    at other offsets: other envs' bytes in the observations, garbage in the actions)."""
+    from gymnasium.vector import SyncVectorEnv
+
+    from shmvec import ShmVectorEnv
+
+    fns = [functools.partial(testenvs.make_key_order_env, i, dict_actions=False) for i in range(4)]
+    ref, env = DummyVecEnv(fns), ShmVecEnv(fns, n_workers=2, start_method=method, timeout=30.0)
+    try:
+        assert_same(env.reset(), ref.reset(), "reset")
+        for t in range(10):
+            act = np.arange(4) + t
+            assert_same(env.step(act), ref.step(act), f"step {t}")
+    finally:
+        close_all(env, ref)
+    # Dict actions (Gymnasium's API): each env gets its own action's values under each key.
+    fns = [functools.partial(testenvs.make_key_order_env, i) for i in range(4)]
+    gref, genv = SyncVectorEnv(fns), ShmVectorEnv(fns, n_workers=2, start_method=method, timeout=30.0)
+    try:
+        assert_same(genv.reset(seed=1), gref.reset(seed=1), "reset")
+        rng = np.random.default_rng(0)
+        for t in range(10):
+            act = {"x": rng.integers(0, 50, size=4), "y": rng.uniform(-1, 1, size=(4, 2)).astype(np.float32)}
+            got = genv.step(act)
+            assert_same(got, gref.step(act), f"step {t}")
+            if "x" in got[4]:  # not on the step that resets every env (NEXT_STEP autoreset)
+                mask = got[4]["_x"]
+                assert got[4]["x"][mask].tolist() == act["x"][mask].tolist()
+    finally:
+        close_all(genv, gref)
+
+
+def test_flags_returned_as_one_element_arrays_match_dummy():
+    """DummyVecEnv stores each env's flags as numpy takes them; the workers' batch write refused a
+    list of (1,) arrays and broke the vec env."""
+    import warnings
+
+    fns = [functools.partial(testenvs.make_array_flags_env, i) for i in range(4)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # numpy: an array of ndim 1 taken as a scalar
+        ref = DummyVecEnv(fns)
+        env = ShmVecEnv(fns, n_workers=2, start_method="fork", timeout=30.0)
+        try:
+            ref.seed(4)
+            env.seed(4)
+            assert_same(env.reset(), ref.reset(), "reset")
+            dones = 0
+            for t in range(30):
+                act = np.full(4, t % 3)
+                got, want = env.step(act), ref.step(act)
+                # DummyVecEnv's TimeLimit.truncated is `truncated and not terminated`: a (1,) array here
+                assert_same(got, want, f"step {t}", ignore=frozenset({"TimeLimit.truncated"}))
+                assert [info["TimeLimit.truncated"] for info in got[3]] == [bool(i["TimeLimit.truncated"]) for i in want[3]]
+                dones += int(got[2].sum())
+            assert dones > 0
+        finally:
+            close_all(env, ref)

@@ -673,3 +673,56 @@ class KwargsEnv(SpacesEnv):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__("box", "discrete")
         self.kwargs = kwargs
+
+
+class KeyOrderEnv(gym.Env):
+    """Dict observation and action spaces whose keys come in the order given (``reverse``: the
+    other way round); equal spaces either way (Gymnasium's Dict compares keys as a set).  Each
+    env's observation carries its ``tag``; the info echoes the action it received."""
+
+    def __init__(self, tag: int = 0, reverse: bool = False, dict_actions: bool = True) -> None:
+        def ordered(items):
+            return collections.OrderedDict(reversed(items) if reverse else items)
+
+        self.tag = tag
+        self.observation_space = spaces.Dict(ordered([("a", spaces.Box(-1e6, 1e6, (3,), np.float32)),
+                                                      ("b", spaces.Box(0, 255, (5,), np.uint8))]))
+        self.action_space = spaces.Dict(ordered([("x", spaces.Discrete(50)),
+                                                 ("y", spaces.Box(-1.0, 1.0, (2,), np.float32))]))
+        if not dict_actions:  # SB3 has no Dict actions
+            self.action_space = spaces.Discrete(50)
+        self._t = 0
+
+    def _obs(self) -> dict:
+        return {"a": np.full(3, self.tag * 100 + self._t, dtype=np.float32),
+                "b": np.full(5, (self.tag * 10 + self._t) % 256, dtype=np.uint8)}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self._t += 1
+        if isinstance(self.action_space, spaces.Dict):
+            x, info = int(action["x"]), {"x": int(action["x"]), "y": np.asarray(action["y"]).tolist()}
+        else:
+            x, info = int(action), {"x": int(action)}
+        return self._obs(), float(x), self._t % 4 == 0, False, info
+
+
+def make_key_order_env(index: int = 0, dict_actions: bool = True) -> gym.Env:
+    return KeyOrderEnv(tag=index, reverse=index >= 2, dict_actions=dict_actions)  # with 4 envs: worker 1's
+
+
+class ArrayFlagsEnv(SpacesEnv):
+    """Returns ``terminated`` and ``truncated`` as one-element arrays (as envs over batched
+    simulators often do); DummyVecEnv takes them."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, np.array([terminated]), np.array([truncated]), info
+
+
+def make_array_flags_env(index: int = 0) -> gym.Env:
+    return TimeLimit(ArrayFlagsEnv("box", "discrete", tag=index, term_prob=0.2), max_episode_steps=6 + index)
