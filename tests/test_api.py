@@ -418,6 +418,19 @@ def test_transposed_box_actions_are_refused_not_reshaped(build):
     np.testing.assert_array_equal(env._views.act[()], rows)
 
 
+def test_box_action_rows_are_reshaped_only_across_dimensions_of_size_one():
+    """Each env's (3, 2) matrix for a (2, 3) space has the right size, but a reshape scrambles it."""
+    from shmvec._actions import rows_reshaped
+
+    mats = np.arange(12).reshape(2, 3, 2)
+    assert rows_reshaped(mats, 2, (2, 3)) is None
+    assert rows_reshaped(mats.transpose(0, 2, 1).reshape(2, 1, 2, 3), 2, (2, 3)).shape == (2, 2, 3)
+    assert rows_reshaped(np.arange(2), 2, (1,)).shape == (2, 1)
+    assert rows_reshaped(np.arange(2).reshape(2, 1), 2, ()).shape == (2,)
+    assert rows_reshaped(np.arange(6).reshape(2, 3), 1, (2, 3)).shape == (1, 2, 3)  # one env, unbatched
+    assert rows_reshaped(np.arange(6).reshape(3, 2), 1, (2, 3)) is None
+
+
 # ---------------------------------------------------------------------------------------------
 # Construction errors
 # ---------------------------------------------------------------------------------------------
