@@ -128,16 +128,26 @@ class PoolServer:
             q.release()
         self.shm.close()
 
-    def run(self) -> list:
-        """The POOL command: serve env indices until STOP.  Returns no items (infos go to the slots)."""
+    def run(self, seq: int | None = None) -> list:
+        """The POOL command (posted as ``seq``): serve env indices until STOP.  Returns no items
+        (infos go to the slots).
+
+        Also returns once another command is posted (checked when a pop times out): a pool that
+        was never closed is released by the engine's finalizer (interpreter exit, the garbage
+        collector), which posts CLOSE and pushes no STOP; without this check the worker served on
+        until SIGTERM, 5 s later, and its envs were never closed.
+        """
         worker = self.worker
         in_q, out_q = self.in_q, self.out_q
         start = worker.start
         step = self._step_same if worker.autoreset == P.AUTORESET_SAME_STEP else self._step_next
+        words, seq_word = worker.words, P.word(worker.index, P.CMD_SEQ)
         while True:
             j = in_q.pop(P.PARENT_POLL_S, self.spin)
             if j is None:
                 if not worker.parent.alive():
+                    return []
+                if seq is not None and words.load(seq_word) != seq:
                     return []
                 continue
             if j == STOP:

@@ -245,7 +245,7 @@ class _Worker:
             elif cmd == P.Cmd.RESET:
                 self._sync_command(seen, "reset", lambda seq=seen: self._reset(seq))
             elif cmd == P.Cmd.POOL:
-                self._sync_command(seen, "pool", self.pool.run)
+                self._sync_command(seen, "pool", lambda seq=seen: self.pool.run(seq))
             elif cmd == P.Cmd.PIPE:
                 self._pipe_command(seen)
             elif cmd == P.Cmd.CLOSE:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 
+import time
+
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -688,3 +690,20 @@ def test_sb3_pool_step_async_refused_because_its_envs_are_in_flight_sends_nothin
     finally:
         env.close()
 
+
+
+def test_a_pool_collected_from_a_reference_cycle_closes_its_workers_politely_and_quickly():
+    """Never closed, collected by the garbage collector: the engine's finalizer posts CLOSE, which
+    a worker serving the pool did not see (it waited for a STOP): 5 s, then SIGTERM, and its
+    envs' close() never ran."""
+    import gc
+
+    pool = ShmEnvPool(testenvs.bare_env_fns(4), batch_size=2, n_workers=2, start_method="fork", timeout=30.0)
+    pool.reset(seed=0)
+    pool.send(np.zeros(2, dtype=np.int64), np.array([0, 1]))  # running, envs in flight
+    pool.cycle = pool  # only the collector frees it
+    del pool
+    start = time.monotonic()
+    gc.collect()
+    took = time.monotonic() - start
+    assert took < 2.5, took  # it was 5 s (then SIGTERM); the leak check sees that no worker stays
