@@ -116,7 +116,7 @@ def exact_integers(arr: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
 def _report(policy: str, message: str, bad: list[int]) -> None:
     if policy == "raise":
         raise InvalidActionError(
-            message + " Nothing was sent to the envs. Pass invalid_actions='warn' (or 'ignore') to ShmVecEnv "
+            message + " Nothing was sent to the envs. Pass invalid_actions='warn' (or 'ignore') to the vec env "
             "to let such actions through.", bad)
     warnings.warn(message + " They were sent to the envs as they are (invalid_actions='warn').",
                   InvalidActionWarning, stacklevel=5)

@@ -15,6 +15,8 @@ import signal
 import traceback
 from typing import Any
 
+from gymnasium import error as _gym_error
+
 
 class ShmVecEnvError(RuntimeError):
     """Base class of the errors shmvec raises itself."""
@@ -35,20 +37,26 @@ class WorkerTimeoutError(ShmVecEnvError, TimeoutError):
     """Workers did not answer within the ``timeout`` given to the vec env."""
 
 
-class ClosedVecEnvError(ShmVecEnvError):
-    """The vec env was used after ``close()``."""
+class ClosedVecEnvError(ShmVecEnvError, _gym_error.ClosedEnvironmentError):
+    """The vec env was used after ``close()`` (also Gymnasium's ``ClosedEnvironmentError``)."""
 
 
 class BrokenVecEnvError(ShmVecEnvError):
     """An earlier failure left the workers in an unknown state; close and rebuild the vec env."""
 
 
-class AlreadyPendingCallError(ShmVecEnvError):
-    """``step_async`` was called while a step was already in flight."""
+class AlreadyPendingCallError(ShmVecEnvError, _gym_error.AlreadyPendingCallError):
+    """``step_async`` was called while a step was already in flight (also Gymnasium's error of
+    that name)."""
+
+    name = "step"  # Gymnasium's attribute: the call in flight
 
 
-class NoAsyncCallError(ShmVecEnvError):
-    """``step_wait`` was called without a preceding ``step_async``."""
+class NoAsyncCallError(ShmVecEnvError, _gym_error.NoAsyncCallError):
+    """``step_wait`` was called without a preceding ``step_async`` (also Gymnasium's error of
+    that name)."""
+
+    name = "step"
 
 
 class SpaceError(ShmVecEnvError, TypeError):

@@ -174,7 +174,7 @@ class ShmEnvPool:
         self.batch_size = batch_size
         worker_mode = P.AUTORESET_NEXT_STEP if mode == AutoresetMode.NEXT_STEP else P.AUTORESET_SAME_STEP
         self._engine = engine = _Engine(
-            env_fns, worker_mode, n_workers=n_workers, start_method=start_method, copy=True,
+            env_fns, worker_mode, owner=type(self).__name__, n_workers=n_workers, start_method=start_method, copy=True,
             worker_threads=worker_threads, timeout=timeout, spin_us=spin_us, **engine_kwargs,
         )
         self.closed = False

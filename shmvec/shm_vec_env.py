@@ -321,6 +321,7 @@ class ShmVecEnv(Recovery, VecEnv):
     # How workers reset finished envs (_protocol): SB3 expects the reset within the same step.
     _autoreset: str = P.AUTORESET_SAME_STEP
     _step_actions: tuple | None = None  # step()'s short way, when the spaces allow it (__init__)
+    _public_name = "ShmVecEnv"  # the class a user holds (an engine's owner), named in errors
 
     def __init__(
         self,
@@ -903,11 +904,11 @@ class ShmVecEnv(Recovery, VecEnv):
     # ---- internals ------------------------------------------------------------------------------------
     def _check_usable(self) -> None:
         if self.closed:
-            raise ClosedVecEnvError("this ShmVecEnv is closed; build a new one")
+            raise ClosedVecEnvError(f"this {self._public_name} is closed; build a new one")
         if self._broken is not None:
             raise BrokenVecEnvError(
-                f"an earlier failure ({type(self._broken).__name__}: {self._broken}) left this ShmVecEnv unusable; "
-                "call close() and build a new one"
+                f"an earlier failure ({type(self._broken).__name__}: {self._broken}) left this "
+                f"{self._public_name} unusable; call close() and build a new one"
             ) from self._broken
 
     def _write_actions(self, actions: Any) -> None:

@@ -52,20 +52,33 @@ def gym_vector_seeds(seed: Any, num_envs: int) -> list:
     if seed is None:
         return [None] * num_envs
     if isinstance(seed, (int, np.integer)):
-        return [int(seed) + i for i in range(num_envs)]
-    seeds = list(seed)
-    if len(seeds) != num_envs:
-        raise ValueError(
-            f"If seeds are passed as a list the length must match num_envs={num_envs} but got length={len(seeds)}."
-        )
+        seeds = [int(seed) + i for i in range(num_envs)]
+    else:
+        seeds = list(seed)
+        if len(seeds) != num_envs:
+            raise ValueError(
+                f"If seeds are passed as a list the length must match num_envs={num_envs} but got length={len(seeds)}."
+            )
+    # Checked here, as each env's reset would (Gymnasium's np_random), so that a bad seed breaks
+    # nothing: raised in a worker, it would break the vector env.  numpy ints are taken as ints.
+    for i, s in enumerate(seeds):
+        if s is None:
+            continue
+        if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
+            raise gym.error.Error(f"Seed must be a python integer, actual type: {type(s)} (env {i})")
+        seeds[i] = s = int(s)
+        if s < 0:
+            raise gym.error.Error(f"Seed must be greater or equal to zero, actual value: {s} (env {i})")
     return seeds
 
 
 class _Engine(ShmVecEnv):
     """ShmVecEnv's engine with a chosen worker autoreset mode and a raw step (no SB3 infos)."""
 
-    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], autoreset: str, **kwargs: Any) -> None:
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], autoreset: str, owner: str = "ShmVectorEnv",
+                 **kwargs: Any) -> None:
         self._autoreset = autoreset
+        self._public_name = owner  # the class the user holds, for error messages
         kwargs.setdefault("action_masks", False)  # Gymnasium's API has no env_method("action_masks") fast path
         super().__init__(env_fns, **kwargs)
 
@@ -148,7 +161,7 @@ class ShmVectorEnv(VectorEnv):
         )
         self.copy = copy
         self._engine = _Engine(
-            env_fns, _WORKER_MODE[self.autoreset_mode], n_workers=n_workers, start_method=start_method,
+            env_fns, _WORKER_MODE[self.autoreset_mode], owner=type(self).__name__, n_workers=n_workers, start_method=start_method,
             copy=copy, worker_threads=worker_threads, timeout=timeout, spin_us=spin_us,
             mailbox_bytes=mailbox_bytes, **engine_kwargs,
         )
@@ -330,28 +343,49 @@ class ShmVectorEnv(VectorEnv):
 def make_vec(
     id: str | gym.envs.registration.EnvSpec,
     num_envs: int = 1,
+    vectorization_mode: str | None = None,
     vector_kwargs: dict[str, Any] | None = None,
     wrappers: Sequence[Callable[[gym.Env], gym.Wrapper]] | None = None,
     **kwargs: Any,
 ) -> ShmVectorEnv:
-    """``gymnasium.make_vec`` with :class:`ShmVectorEnv` as the vectorizer.
+    """``gymnasium.make_vec`` with :class:`ShmVectorEnv` as the vectorizer (same signature).
 
     Each worker builds its envs with ``gymnasium.make(id, **kwargs)`` followed by ``wrappers``;
-    ``vector_kwargs`` go to :class:`ShmVectorEnv`.  The returned env's ``spec`` records the
-    arguments, as ``gymnasium.make_vec`` does.
+    ``vector_kwargs`` go to :class:`ShmVectorEnv`.  ``id`` may be ``"module:Env-v0"`` (the module
+    is imported first) or an ``EnvSpec``, also the ``spec`` of a vector env made by this function
+    (its ``num_envs``, ``vector_kwargs`` and ``wrappers`` are taken from it, as Gymnasium does).
+    The returned env's ``spec`` records the arguments, as ``gymnasium.make_vec`` does.
 
-    :raises gymnasium.error.Error: an unknown id.
+    :param vectorization_mode: ``None`` or ``"shmvec"``; for Gymnasium's own modes (``"sync"``,
+        ``"async"``, ``"vector_entry_point"``) call ``gymnasium.make_vec``.
+    :raises gymnasium.error.Error: an unknown id, or an id that is neither a str nor an EnvSpec.
+    :raises ValueError: another ``vectorization_mode``.
     """
-    vector_kwargs = dict(vector_kwargs or {})
-    wrappers = list(wrappers or [])
     if isinstance(id, gym.envs.registration.EnvSpec):
         env_spec = id
+    elif isinstance(id, str):
+        find = getattr(gym.envs.registration, "_find_spec", gym.spec)  # "module:Env-v0" imports the module
+        env_spec = find(id)
     else:
-        env_spec = gym.spec(id)
+        raise gym.error.Error(f"Invalid id type: {type(id).__name__}. Expected `str` or `EnvSpec`")
     env_spec = _copy.deepcopy(env_spec)
     env_kwargs = dict(env_spec.kwargs)
-    env_kwargs.update(kwargs)
     env_spec.kwargs = {}
+    # A vector env's own spec (this function's, or gymnasium.make_vec's) carries these: as Gymnasium
+    # does, they are arguments of the vectorization, not of the env.
+    num_envs = env_kwargs.pop("num_envs", num_envs)
+    vectorization_mode = env_kwargs.pop("vectorization_mode", vectorization_mode)
+    vector_kwargs = env_kwargs.pop("vector_kwargs", vector_kwargs)
+    wrappers = env_kwargs.pop("wrappers", wrappers)
+    env_kwargs.update(kwargs)
+    mode = getattr(vectorization_mode, "value", vectorization_mode)
+    if mode not in (None, "shmvec"):
+        raise ValueError(
+            f"shmvec.make_vec vectorizes with ShmVectorEnv (vectorization_mode None or 'shmvec'), got "
+            f"vectorization_mode={vectorization_mode!r}: for Gymnasium's own modes call gymnasium.make_vec"
+        )
+    vector_kwargs = dict(vector_kwargs or {})
+    wrappers = list(wrappers or [])
 
     def create_single_env() -> gym.Env:
         env = gym.make(env_spec, **env_kwargs)

@@ -281,6 +281,30 @@ def test_make_vec_matches_gymnasium_make_vec(method):
         env.close()
 
 
+def test_make_vec_takes_gymnasiums_arguments_its_own_spec_and_module_ids():
+    """As gymnasium.make_vec: the third argument is vectorization_mode, a vector env's spec makes
+    it again (its num_envs and vector_kwargs are not env kwargs), "module:Env-v0" imports module."""
+    kwargs = {"n_workers": 1, "start_method": "fork"}
+    env = make_vec("CartPole-v1", 3, None, kwargs, max_episode_steps=20)
+    again = None
+    try:
+        again = make_vec(env.spec)  # the workers got CartPole(num_envs=3, vectorization_mode=...) before
+        assert again.num_envs == 3 and again.spec.kwargs["max_episode_steps"] == 20
+        assert_same(again.reset(seed=0), env.reset(seed=0))
+    finally:
+        close_all(env, again)
+    with pytest.raises(ValueError, match="gymnasium.make_vec"):
+        make_vec("CartPole-v1", 2, "async")
+    with pytest.raises(gym.error.Error, match="Invalid id type"):
+        make_vec(3)
+    # a module that registers its env when imported, named in the id (its env is not registered here yet)
+    env = make_vec("vector_registered:ShmvecRegistered-v0", 2, vector_kwargs=kwargs)
+    try:
+        assert env.reset(seed=0)[0].shape == (2, 4)
+    finally:
+        env.close()
+
+
 def _wrapped(venv):
     venv = vw.RecordEpisodeStatistics(venv)
     venv = vw.NormalizeObservation(venv)
@@ -335,3 +359,32 @@ def test_cleanrl_ppo_example_runs():
     assert len(lines) == 4, proc.stdout  # 2048 / (8 * 64) iterations
     assert "episodes=" in lines[-1]
     assert int(lines[-1].split("episodes=")[1].split()[0]) > 0
+
+
+def test_bad_seeds_are_refused_before_anything_is_sent_and_numpy_ints_are_taken():
+    """A seed each env's reset would refuse broke the vector env (raised in a worker); numpy ints
+    (a list of them, as np.arange gives) are taken as ints."""
+    env = ShmVectorEnv(testenvs.spaces_env_fns("box", "discrete", 2), n_workers=2, start_method="fork")
+    try:
+        want = env.reset(seed=[3, 4])
+        assert_same(env.reset(seed=list(np.arange(3, 5))), want)
+        assert_same(env.reset(seed=np.int64(3)), want)
+        for bad in (-1, [0, -2], [0, 1.5], [True, 0], ["0", 1]):
+            with pytest.raises(gym.error.Error, match="Seed must be"):
+                env.reset(seed=bad)
+        assert_same(env.reset(seed=[3, 4]), want)  # still usable
+    finally:
+        env.close()
+
+
+def test_misuse_errors_are_gymnasiums_too_and_name_the_class_in_hand():
+    """``except gymnasium.error.ClosedEnvironmentError`` (AsyncVectorEnv's) catches ours too."""
+    env = ShmVectorEnv(testenvs.spaces_env_fns("box", "discrete", 2), n_workers=1, start_method="fork")
+    env.reset(seed=0)
+    env.close()
+    with pytest.raises(gym.error.ClosedEnvironmentError, match="this ShmVectorEnv is closed"):
+        env.step(np.zeros(2, dtype=np.int64))
+    from shmvec import AlreadyPendingCallError, NoAsyncCallError
+
+    assert issubclass(AlreadyPendingCallError, gym.error.AlreadyPendingCallError)
+    assert issubclass(NoAsyncCallError, gym.error.NoAsyncCallError)
