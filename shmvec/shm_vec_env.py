@@ -147,7 +147,11 @@ class _Resources:
             return []
         if self.owner_pid is not None and os.getpid() != self.owner_pid:
             # A forked process (a worker of another vec env) collecting its copy of this object:
-            # the workers and the block are its parent's to stop and free, not its own.
+            # the workers and the block are its parent's to stop and free, not its own.  Its copy
+            # of the mapping goes quietly (views of it may still be alive in the same garbage:
+            # SharedMemory.__del__ would print a BufferError).
+            if self.shm is not None:
+                close_mapping(self.shm)
             return []
         self.released = True
         alive = [(w, p) for w, p in enumerate(self.processes) if _is_alive(p)]

@@ -105,3 +105,36 @@ def test_ignores_library_segments_of_other_processes():
             shm.close()
             shm.unlink()
     assert find_leaks(before, grace_s=0.0) == []
+
+
+def test_a_forked_copy_of_a_vec_envs_resources_lets_its_mapping_go_quietly():
+    """A fork worker of a second vec env inherits the first one's garbage (a dropped env in a
+    reference cycle); its collector runs the finalizer there, which must not stop or free the
+    parent's workers and block, and must drop its copy of the mapping without the BufferError
+    that SharedMemory.__del__ printed while views of it were still alive."""
+    import os
+    import sys
+    from multiprocessing.shared_memory import SharedMemory
+
+    import numpy as np
+
+    from shmvec.shm_vec_env import _Resources
+
+    res = _Resources()
+    res.shm = SharedMemory(create=True, size=4096)
+    name = res.shm.name
+    try:
+        view = np.frombuffer(res.shm.buf, dtype=np.uint8)  # alive in the same garbage
+        res.owner_pid = os.getpid() + 1  # as seen from a forked child
+        unraisable = []
+        old, sys.unraisablehook = sys.unraisablehook, unraisable.append
+        try:
+            assert res.release() == []
+            shm, res.shm = res.shm, None
+            del shm  # SharedMemory.__del__
+        finally:
+            sys.unraisablehook = old
+        assert not unraisable, [u.exc_value for u in unraisable]
+        del view
+    finally:
+        SharedMemory(name=name).unlink()
