@@ -108,6 +108,26 @@ def default_n_workers(n_envs: int) -> int:
     return max(1, min(n_envs, _cores()))
 
 
+_LIVE_RESOURCES: "weakref.WeakSet[_Resources]" = weakref.WeakSet()
+
+
+def _forget_workers_after_fork() -> None:
+    """In the child of a bare ``os.fork()`` (not multiprocessing's, which starts afresh): the child
+    inherits multiprocessing's set of this process's children, and at its exit multiprocessing
+    terminates those that are daemonic, which are our workers: the parent's next step then met
+    WorkerDiedError (SIGTERM).  They are the parent's, so the child forgets them."""
+    children = getattr(mp.process, "_children", None)
+    if children is None:
+        return
+    for res in list(_LIVE_RESOURCES):
+        for proc in res.processes:
+            children.discard(proc)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_workers_after_fork)
+
+
 class _Resources:
     """Everything that must be released, reachable without the vec env (for weakref.finalize).
 
@@ -417,6 +437,7 @@ class ShmVecEnv(Recovery, VecEnv):
         payloads = [self._pickle_factories(env_fns, sl) for sl in self.slices]
         self._payloads, self._worker_threads = payloads, worker_threads  # kept to restart a worker
         res = self._res = _Resources()
+        _LIVE_RESOURCES.add(res)
         self._finalizer = weakref.finalize(self, res.release)
         res.processes, res.conns = [], []
         self.closed = False

@@ -138,3 +138,30 @@ def test_a_forked_copy_of_a_vec_envs_resources_lets_its_mapping_go_quietly():
         del view
     finally:
         SharedMemory(name=name).unlink()
+
+
+def test_a_bare_fork_child_that_exits_leaves_the_parents_workers_alone():
+    """A child of os.fork() (a user's own, a library's) inherits multiprocessing's set of children;
+    its normal exit (multiprocessing's exit function) terminated the daemonic ones: our workers."""
+    import os
+    from multiprocessing import util
+
+    import numpy as np
+    import testenvs
+
+    from shmvec import ShmVecEnv
+
+    env = ShmVecEnv(testenvs.bare_env_fns(2), n_workers=2, start_method="fork", timeout=30.0)
+    try:
+        env.reset()
+        pid = os.fork()
+        if pid == 0:  # the child: exits as a Python program does, then leaves at once
+            try:
+                util._exit_function()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        env.step(np.zeros(2, dtype=np.int64))  # was WorkerDiedError: worker 0 ... SIGTERM
+        assert all(p.is_alive() for p in env._res.processes)
+    finally:
+        env.close()
