@@ -1102,14 +1102,27 @@ class ShmVecEnv(Recovery, VecEnv):
         if dead:
             # The sentinel is ready once the process has closed its descriptors, which can be a
             # moment before it can be reaped: join(0) would often report it as "still running".
-            raise self._died(self._sentinels[dead[0]], f"died during {command}", _DIED_JOIN_S,
-                             "A native crash (SIGSEGV), the OOM killer (SIGKILL) or os._exit in an env are the "
-                             "usual causes.")
+            raise self._died(self._sentinels[dead[0]], f"died during {command}", _DIED_JOIN_S)
 
-    def _died(self, w: int, what: str, join_s: float, why: str) -> WorkerDiedError:
-        """WorkerDiedError for worker w (once reaped, within ``join_s``), which breaks the vec env."""
+    def _death_hint(self, exitcode: int | None) -> str:
+        """What usually makes a worker die with ``exitcode``."""
+        if exitcode == 1 and self._constructing and self.start_method != "fork":
+            return ("Exit code 1 while starting, before the worker could report an error, is an exception raised "
+                    f"while it imported your main module ({self.start_method} re-imports it; its traceback is on "
+                    "stderr): most often the code that builds the vec env is not under "
+                    "`if __name__ == \"__main__\":`.")
+        if exitcode == -15:
+            return ("Something sent it SIGTERM: kill, a job scheduler or process manager, or the exit of a "
+                    "process forked from this one by multiprocessing.")
+        return "A native crash (SIGSEGV), the OOM killer (SIGKILL) or os._exit in an env are the usual causes."
+
+    def _died(self, w: int, what: str, join_s: float, why: str | None = None) -> WorkerDiedError:
+        """WorkerDiedError for worker w (once reaped, within ``join_s``), which breaks the vec env;
+        ``why``: what usually causes it (default: by its exit code)."""
         proc = self._res.processes[w]  # type: ignore[union-attr]
         proc.join(join_s)
+        if why is None:
+            why = self._death_hint(proc.exitcode)
         sl = self.slices[w]
         self._broken = err = WorkerDiedError(
             f"worker {w} (envs {sl.start}..{sl.stop - 1}) {what} with {describe_exitcode(proc.exitcode)}. {why} "

@@ -950,3 +950,38 @@ def test_a_forked_process_never_releases_its_parents_workers():
         env.step(np.zeros(2, dtype=np.int64))  # the workers still serve
     finally:
         env.close()
+
+
+_NO_GUARD_SCRIPT = """
+import sys
+sys.path[:0] = [{tests!r}, {root!r}]  # the shmvec under test, wherever it is installed
+import testenvs
+from shmvec import ShmVecEnv
+
+env = ShmVecEnv([testenvs.make_bare_env], n_workers=1, start_method="spawn", timeout=60)  # no __main__ guard
+env.close()
+"""
+
+
+def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
+    """spawn re-imports the main module in the worker, which then tries to start a worker of its
+    own and exits with code 1: the error named native crashes and the OOM killer."""
+    script = tmp_path / "no_guard.py"
+    script.write_text(_NO_GUARD_SCRIPT.format(tests=_TESTS, root=os.path.dirname(_TESTS)))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "WorkerDiedError" in proc.stderr and "exit code 1" in proc.stderr, proc.stderr[-2000:]
+    assert 'if __name__ == "__main__":' in proc.stderr.splitlines()[-1], proc.stderr[-2000:]
+
+
+def test_a_worker_killed_with_sigterm_is_reported_as_such():
+    env = ShmVecEnv(testenvs.bare_env_fns(2), n_workers=2, start_method="fork", timeout=30.0)
+    try:
+        env.reset()
+        os.kill(env._res.processes[1].pid, signal.SIGTERM)
+        with pytest.raises(WorkerDiedError, match="Something sent it SIGTERM"):
+            for _ in range(100):
+                env.step(np.zeros(2, dtype=np.int64))
+                time.sleep(0.01)
+    finally:
+        env.close()
