@@ -480,8 +480,18 @@ class ShmVecEnv(Recovery, VecEnv):
                 name=f"shmvec-worker-{w}",
             )
             res.processes.append(proc)
-            proc.start()
-            child_conn.close()
+            try:
+                proc.start()
+            except AssertionError as exc:
+                if "daemonic" not in str(exc):
+                    raise
+                raise ShmVecEnvError(
+                    "this process is daemonic (a multiprocessing.Pool worker, or a worker of another vec env), and "
+                    "multiprocessing lets no daemonic process start processes of its own: build a DummyVecEnv "
+                    "there, or start this process with daemon=False."
+                ) from exc
+            finally:
+                child_conn.close()
         self._sentinels = {p.sentinel: w for w, p in enumerate(res.processes)}
 
         # Handshake 1: every worker reports its spaces (no env is ever built here).
@@ -1095,6 +1105,8 @@ class ShmVecEnv(Recovery, VecEnv):
 
     def _check_workers_alive(self, command: str, workers: Any = None) -> None:
         """Raises WorkerDiedError if a worker (of ``workers``, default all) has died."""
+        if self.closed:  # by a signal handler that ran in this wait: the processes are gone
+            raise ClosedVecEnvError(f"this {self._public_name} was closed during {command} (by a signal handler?)")
         res = self._res
         assert res is not None
         sentinels = list(self._sentinels) if workers is None else [res.processes[w].sentinel for w in workers]

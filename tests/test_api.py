@@ -961,6 +961,24 @@ def test_interrupted_call_leaves_the_vec_env_in_flight_or_broken_never_stale(ala
     assert time.monotonic() - start < 10.0
 
 
+@pytest.mark.timeout(60, method="thread")  # pytest-timeout's own method uses SIGALRM
+def test_close_from_a_signal_handler_during_a_step_raises_closed_not_a_bare_value_error():
+    """The step's wait went on polling processes that close() had closed: ``ValueError: process
+    object is closed``."""
+    env = ShmVecEnv([functools.partial(testenvs.make_sleepy_env, 1.0)] * 2, n_workers=2, start_method="fork")
+    old = signal.getsignal(signal.SIGALRM)
+    signal.signal(signal.SIGALRM, lambda signum, frame: env.close())
+    try:
+        env.reset()
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(ClosedVecEnvError, match="closed during step"):
+            env.step(_discrete_actions(2))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        env.close()
+
+
 def test_unpicklable_env_method_result_raises_and_env_stays_usable(build):
     env = build(testenvs.bare_env_fns(3), n_workers=2)
     env.reset()

@@ -818,3 +818,22 @@ def test_the_register_note_names_a_new_version_or_a_namespaced_id(env_id, messag
         assert f"{env_id!r} is registered in this process" in exc.__notes__[0]
     finally:
         del gym.registry[env_id]
+
+
+def _build_in_daemon() -> str:
+    try:
+        ShmVecEnv(testenvs.bare_env_fns(2), n_workers=1, start_method="fork")
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "built"
+
+
+def test_a_vec_env_built_in_a_daemonic_process_says_what_to_do():
+    """A multiprocessing.Pool worker may not start processes: multiprocessing's bare assertion."""
+    import multiprocessing as mp
+
+    if not __debug__:
+        pytest.skip("python -O strips multiprocessing's assertion: the vec env is built")
+    with mp.get_context("fork").Pool(1) as pool:
+        got = pool.apply(_build_in_daemon)
+    assert got.startswith("ShmVecEnvError") and "DummyVecEnv" in got and "daemon=False" in got, got
