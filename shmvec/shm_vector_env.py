@@ -18,7 +18,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from shmvec import _protocol as P
-from shmvec._errors import ClosedVecEnvError, ShmVecEnvError
+from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, ShmVecEnvError
 from shmvec.shm_vec_env import ShmVecEnv
 
 _WORKER_MODE = {
@@ -84,19 +84,13 @@ class _Engine(ShmVecEnv):
 
     def step_raw(self, actions: Any) -> list[list]:
         """Writes the actions, steps every env, returns the workers' items; results stay in the buffers."""
-        try:
-            self.step_async(actions)  # ``waiting`` once every worker has the step (in _post)
-            results = self._complete_step()
-            self.waiting = False
-            return results
-        except BaseException as exc:
-            # Posted, then interrupted before the wait (a Ctrl-C as step_async returns, or as the
-            # wait begins): Gymnasium has no step_wait() to resume it.  Refused actions (nothing
-            # posted) and a failed wait (which breaks the env itself) leave ``waiting`` False.
-            if self.waiting and self._broken is None:
-                self._broken = exc
-            self.waiting = False
-            raise
+        # A Ctrl-C once the step is posted leaves it in flight (``waiting``, as ShmVecEnv's
+        # _complete_step does): ShmVectorEnv.reset() finishes it and drops it.  Refused actions
+        # (nothing posted) and a failed step (the env is broken) leave ``waiting`` False.
+        self.step_async(actions)  # ``waiting`` once every worker has the step (in _post)
+        results = self._complete_step()
+        self.waiting = False
+        return results
 
 
 class ShmVectorEnv(VectorEnv):
@@ -210,8 +204,8 @@ class ShmVectorEnv(VectorEnv):
         :raises ClosedVecEnvError, BrokenVecEnvError: the vector env is closed or broken.
         :raises WorkerDiedError: a worker died; the original exception type if an env raised.
         """
-        engine = self._usable()
         seeds = gym_vector_seeds(seed, self.num_envs)
+        engine = self._usable(finish_step=True)
         mask = None
         if options is not None and "reset_mask" in options:
             options = dict(options)
@@ -324,8 +318,22 @@ class ShmVectorEnv(VectorEnv):
         return self._usable().n_workers
 
     # ---- internals ------------------------------------------------------------------------------------
-    def _usable(self) -> _Engine:
-        return usable_engine(self)
+    def _usable(self, finish_step: bool = False) -> _Engine:
+        """The engine, if it can take a call.  A step that a Ctrl-C left in flight (Gymnasium's
+        API has no step_wait() to collect it) is finished and dropped by ``finish_step`` (reset);
+        any other call raises AlreadyPendingCallError saying to reset."""
+        engine = usable_engine(self)
+        if engine.waiting:
+            if not finish_step:
+                raise AlreadyPendingCallError(
+                    f"a step interrupted (Ctrl-C) is still in flight in this {type(self).__name__}: call reset() "
+                    "(it finishes the step and drops it), or close()")
+            engine._complete_step()  # raises what the step raised (the env is then broken)
+            if self.autoreset_mode == AutoresetMode.DISABLED:  # the envs that ended in it still need a reset
+                views = engine._views
+                self._ended |= views.terminated | views.truncated
+            engine.waiting = False
+        return engine
 
     def _observations(self) -> Any:
         engine = self._engine

@@ -246,3 +246,75 @@ def test_a_ctrl_c_at_any_line_of_an_sb3_pool_step_leaves_it_unsent_or_in_flight(
         assert outcomes["in flight"] >= 20 and outcomes["not sent"] >= 3, outcomes
     finally:
         close_all(env, ref)
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_a_ctrl_c_at_any_line_of_a_vector_env_step_leaves_it_unsent_for_reset_or_broken_never_stale():
+    """ShmVectorEnv (Gymnasium's API, no step_wait()): a step left in flight is finished and
+    dropped by reset(); every other call says to reset.  Checked against SyncVectorEnv."""
+    from gymnasium.vector import SyncVectorEnv
+
+    from shmvec import ShmVectorEnv
+    from shmvec.shm_vector_env import _Engine
+
+    fns = testenvs.spaces_env_fns("box", "discrete", 4, term_prob=0.3)
+    build = functools.partial(ShmVectorEnv, fns, n_workers=2, start_method="fork", timeout=30.0)
+    ref, env = SyncVectorEnv(fns), build()
+    rng = np.random.default_rng(0)
+    outcomes: Counter = Counter()
+
+    def both_reset() -> None:
+        seed = int(rng.integers(1000))
+        assert_same(env.reset(seed=seed), ref.reset(seed=seed), "reset")
+
+    after_step_raw = {line for line in _lines(ShmVectorEnv.step)
+                      if line > next(n for n in _lines(ShmVectorEnv.step)
+                                     if "step_raw" in _source_line(ShmVectorEnv.step, n))}
+    try:
+        both_reset()
+        for func in [ShmVectorEnv.step, _Engine.step_raw, ShmVecEnv.step_async, ShmVecEnv._post,
+                     ShmVecEnv._wake_posted, ShmVecEnv._complete_step, ShmVecEnv._complete,
+                     ShmVecEnv._complete_or_raise]:
+            for line in _lines(func):
+                where = f"{func.__qualname__} line {line}: {_source_line(func, line)!r}"
+                act = rng.integers(0, 3, size=4)
+                engine = env._engine
+                seqs = list(engine._seq)
+                tracer, fired = interrupt_at(func, line)
+                got = None
+                sys.settrace(tracer)
+                try:
+                    got = env.step(act)
+                except KeyboardInterrupt:
+                    assert fired, where
+                finally:
+                    sys.settrace(None)
+                if not fired:
+                    outcomes["not reached"] += 1
+                    assert_same(got, ref.step(act), where)
+                    continue
+                if engine._broken is not None:
+                    outcomes["broken"] += 1
+                    assert func is ShmVecEnv._post, f"broken by an interrupt at {where}"
+                    env.close()
+                    env = build()
+                    both_reset()
+                    continue
+                if engine.waiting:
+                    outcomes["in flight"] += 1
+                    with pytest.raises(AlreadyPendingCallError, match="call reset"):
+                        env.step(act)
+                    ref.step(act)
+                    both_reset()  # finishes the step and drops it
+                elif engine._seq != seqs:
+                    outcomes["lost"] += 1  # done; the interrupt landed as step() built its return
+                    assert (func is ShmVectorEnv.step and line in after_step_raw) or (
+                        func is _Engine.step_raw and _source_line(func, line) == "return results"), where
+                    ref.step(act)
+                else:
+                    outcomes["not sent"] += 1
+                act = rng.integers(0, 3, size=4)
+                assert_same(env.step(act), ref.step(act), f"the step after an interrupt at {where}")
+        assert outcomes["in flight"] >= 15 and outcomes["not sent"] >= 5 and outcomes["broken"] >= 1, outcomes
+    finally:
+        close_all(env, ref)

@@ -301,21 +301,32 @@ def test_a_reset_interrupted_between_its_post_and_its_wait_breaks_the_env():
         env.close()
 
 
-def test_a_vector_env_step_interrupted_before_its_wait_breaks_the_env():
-    """Gymnasium's API has no step_wait() to resume with: the env says to close it."""
-    from shmvec import ShmVectorEnv
+@pytest.mark.parametrize("where", ["_complete", "step_async"])
+def test_a_vector_env_step_interrupted_before_its_wait_is_finished_by_reset(where):
+    """Gymnasium's API has no step_wait() to resume with: every call but reset() and close() says
+    to reset, and reset() finishes the step, drops it, and resets.  (As step_async returned, the
+    env was left waiting for ever; before the wait, it was broken.)"""
+    from gymnasium.vector import SyncVectorEnv
 
+    from shmvec import AlreadyPendingCallError, ShmVectorEnv
+
+    ref = SyncVectorEnv(_pipe_envs())
     envs = ShmVectorEnv(_pipe_envs(), n_workers=2, start_method="fork", timeout=30.0)
     try:
-        envs.reset(seed=0)
-        envs.step(_actions())
-        _interrupt_on_entry(envs._engine, "_complete")
+        assert_same(envs.reset(seed=0), ref.reset(seed=0))
+        assert_same(envs.step(_actions()), ref.step(_actions()))
+        _interrupt_on_entry(envs._engine, where, after=where == "step_async")
         with pytest.raises(KeyboardInterrupt):
             envs.step(_actions())
-        with pytest.raises(BrokenVecEnvError):
+        assert envs._engine.waiting and envs._engine._broken is None
+        with pytest.raises(AlreadyPendingCallError, match="call reset"):
             envs.step(_actions())
+        with pytest.raises(AlreadyPendingCallError, match="call reset"):
+            envs.get_attr("tag")
+        assert_same(envs.reset(seed=1), ref.reset(seed=1))
+        assert_same(envs.step(_actions()), ref.step(_actions()))
     finally:
-        envs.close()
+        close_all(envs, ref)
 
 
 def test_an_interrupt_while_a_rare_command_is_sent_breaks_the_env():
