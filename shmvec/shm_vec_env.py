@@ -340,6 +340,7 @@ class ShmVecEnv(Recovery, VecEnv):
     # a Ctrl-C cut it short), and whether collecting them consumed a pipe message (no second read).
     _done_step: list[list] | None = None
     _consumed = False
+    _collecting = False  # the step's wait is over and its results are being read
     _broken: BaseException | None = None
     _res: _Resources | None = None
     # How workers reset finished envs (_protocol): SB3 expects the reset within the same step.
@@ -716,7 +717,12 @@ class ShmVecEnv(Recovery, VecEnv):
         self._check_usable()
         if not self.waiting:
             raise NoAsyncCallError("step_wait() without a preceding step_async()")
-        out = self._step_results(self._complete_step())
+        results = self._complete_step()
+        try:
+            out = self._step_results(results)
+        except Exception:
+            self.waiting = False  # the step's own failure (an info SB3's dicts cannot take): it is over
+            raise
         self.waiting = False
         return out
 
@@ -730,7 +736,12 @@ class ShmVecEnv(Recovery, VecEnv):
                 or not copy_actions(actions, *self._step_actions)):
             return super().step(actions)  # everything else, and every check and error message
         self._post(P.Cmd.STEP)  # sets self.waiting
-        out = self._step_results(self._complete_step())
+        results = self._complete_step()
+        try:
+            out = self._step_results(results)
+        except Exception:
+            self.waiting = False  # the step's own failure (an info SB3's dicts cannot take): it is over
+            raise
         self.waiting = False
         return out
 
@@ -738,10 +749,12 @@ class ShmVecEnv(Recovery, VecEnv):
         """The workers' items of the step in flight (``self.waiting``, which the caller clears once
         it has returned the step): waits for them the first time, returns them again after that.
 
-        A Ctrl-C (any exception a signal handler raises) before, during or after the wait leaves
-        the step in flight, to be collected by ``step_wait()`` (SB3's ``step_wait``; ``reset()``
-        and ``close()`` finish it and drop it), unless collecting it had consumed a worker's pipe
-        message: that cannot be read twice, so the env is broken.  So is it when the step failed.
+        A Ctrl-C (any exception a signal handler raises) before or during the wait, or a
+        ``KeyboardInterrupt`` after it, leaves the step in flight, to be collected by
+        ``step_wait()`` (SB3's ``step_wait``; ``reset()`` and ``close()`` finish it and drop it),
+        unless collecting it had consumed a worker's pipe message (that cannot be read twice) or
+        restart mode is on (``_complete_restarting`` keeps its own books): the env is then broken.
+        So is it when the step failed, or reading its results raised an ``Exception``.
         """
         results = self._done_step
         if results is None:
@@ -749,7 +762,8 @@ class ShmVecEnv(Recovery, VecEnv):
                 results = self._complete("step")
                 self._done_step = results  # in the try: a Ctrl-C may land as _complete returns
             except BaseException as exc:
-                if self._broken is None and self._consumed:
+                if self._broken is None and (self._consumed or self._restart
+                                             or (self._collecting and isinstance(exc, Exception))):
                     self._broken = exc
                 if self._broken is not None:
                     self.waiting = False
@@ -1009,7 +1023,7 @@ class ShmVecEnv(Recovery, VecEnv):
                     words.store(cmd_word, code)
                     words.store(seq_word, seq)
             all_posted = True
-            self._consumed = False
+            self._consumed = self._collecting = False
             if code == _STEP:
                 self._done_step = None
                 self.waiting = True  # here, not in the caller: a Ctrl-C may land as _post returns
@@ -1021,7 +1035,7 @@ class ShmVecEnv(Recovery, VecEnv):
             # run the command and nobody will wait for them; a next command would store PENDING
             # under them and read stale results: the env is broken.
             if all_posted and code == _STEP and self._broken is None:
-                self._consumed = False
+                self._consumed = self._collecting = False
                 self._done_step = None
                 self.waiting = True
                 self._wake_posted(skip)
@@ -1049,8 +1063,11 @@ class ShmVecEnv(Recovery, VecEnv):
             # would read stale results.  Failures found here have set _broken already.  A step's
             # wait can be taken up again (step_wait()): it only reads the shared words, and the
             # mailboxes until a pipe message is consumed (restart mode keeps its own books).
+            # Reading the results, only an interrupt (KeyboardInterrupt) leaves them to read again:
+            # an Exception there (an info that does not unpickle) would come back every time.
             if self._broken is None and not (command == "step" and deadline_s is None and not self._restart
-                                             and not self._consumed):
+                                             and not self._consumed
+                                             and not (self._collecting and isinstance(exc, Exception))):
                 self._broken = exc
             raise
 
@@ -1077,6 +1094,7 @@ class ShmVecEnv(Recovery, VecEnv):
                 )
                 raise self._broken
             pending = words.load(P.PENDING)
+        self._collecting = True
         results: list[list] = []
         error: BaseException | None = None
         for w, (status_word, result_word) in enumerate(self._result_words):

@@ -96,9 +96,10 @@ class ShmVecEnvPool(VecEnv):
         """Resets every env of the pool; returns the first ``batch_size`` (rows sorted by env index)."""
         pool = self._usable()
         # A step in flight (a step_async() without its step_wait(), or a step interrupted by
-        # Ctrl-C) is dropped: async_reset() drops whatever is in flight.
-        self.waiting = False
+        # Ctrl-C) is dropped: async_reset() drops whatever is in flight (unless it refuses its
+        # arguments: the step is then still there for step_wait()).
         pool.async_reset(seed=self._pool_seeds, options=self._pool_options)
+        self.waiting = False
         self._pool_seeds = [None] * self.pool_size
         self._pool_options = None
         self._last_action = {}

@@ -318,3 +318,75 @@ def test_a_ctrl_c_at_any_line_of_a_vector_env_step_leaves_it_unsent_for_reset_or
         assert outcomes["in flight"] >= 15 and outcomes["not sent"] >= 5 and outcomes["broken"] >= 1, outcomes
     finally:
         close_all(env, ref)
+
+
+
+def test_a_step_whose_results_fail_to_read_is_not_left_in_flight():
+    """Only an interrupt leaves a step in flight: an info that does not unpickle in the parent
+    breaks the vec env (it would fail again at every read), and an info SB3's dicts cannot take
+    ends the step with its error, the vec env usable (both were left in flight for ever)."""
+    from shmvec import NoAsyncCallError, ShmVectorEnv
+
+    env = ShmVecEnv([testenvs.make_unloadable_info_env] * 2, n_workers=2, start_method="fork", timeout=30.0)
+    try:
+        env.reset()
+        env.step(np.zeros(2, dtype=np.int64))
+        with pytest.raises(Exception, match="only the worker can rebuild this"):
+            env.step(np.zeros(2, dtype=np.int64))
+        assert not env.waiting
+        with pytest.raises(BrokenVecEnvError):
+            env.step(np.zeros(2, dtype=np.int64))
+    finally:
+        env.close()
+    envs = ShmVectorEnv([testenvs.make_unloadable_info_env] * 2, n_workers=2, start_method="fork", timeout=30.0)
+    try:
+        envs.reset(seed=0)
+        envs.step(np.zeros(2, dtype=np.int64))
+        with pytest.raises(Exception, match="only the worker can rebuild this"):
+            envs.step(np.zeros(2, dtype=np.int64))
+        with pytest.raises(BrokenVecEnvError):
+            envs.reset(seed=0)
+    finally:
+        envs.close()
+    env = ShmVecEnv([testenvs.make_list_info_env] * 2, n_workers=2, start_method="fork", timeout=30.0)
+    try:
+        env.reset()
+        env.step(np.zeros(2, dtype=np.int64))
+        with pytest.raises(TypeError):
+            env.step(np.zeros(2, dtype=np.int64))
+        assert not env.waiting and env._broken is None
+        with pytest.raises(NoAsyncCallError):
+            env.step_wait()
+        env.step(np.zeros(2, dtype=np.int64))  # as DummyVecEnv, which raises the same TypeError, goes on
+    finally:
+        env.close()
+
+
+def test_restart_mode_breaks_on_an_interrupt_as_a_failed_step_is_collected():
+    """Collected twice, a step whose worker was restarted lost its truncation report
+    (``shmvec_restarted``): restart mode keeps its own books, so an interrupt breaks the env."""
+    import warnings
+
+    from shmvec import WorkerRestartWarning
+
+    fns = [functools.partial(testenvs.make_raising_env, 10**6), functools.partial(testenvs.make_raising_env, 2)]
+    env = ShmVecEnv(fns, n_workers=2, start_method="fork", timeout=30.0, on_failure="restart")
+    try:
+        env.reset()
+        env.step(np.zeros(2, dtype=np.int64))
+        line = next(n for n in _lines(ShmVecEnv._complete_step)
+                    if _source_line(ShmVecEnv._complete_step, n).startswith("self._done_step = results"))
+        tracer, fired = interrupt_at(ShmVecEnv._complete_step, line)
+        sys.settrace(tracer)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", WorkerRestartWarning)
+                with pytest.raises(KeyboardInterrupt):
+                    env.step(np.zeros(2, dtype=np.int64))  # env 1 raises: worker 1 is restarted
+        finally:
+            sys.settrace(None)
+        assert fired and env.restarts == 1
+        with pytest.raises(BrokenVecEnvError, match="KeyboardInterrupt"):
+            env.step_wait()
+    finally:
+        env.close()

@@ -707,3 +707,21 @@ def test_a_pool_collected_from_a_reference_cycle_closes_its_workers_politely_and
     gc.collect()
     took = time.monotonic() - start
     assert took < 2.5, took  # it was 5 s (then SIGTERM); the leak check sees that no worker stays
+
+
+def test_sb3_pool_reset_refused_for_its_seeds_keeps_the_step_in_flight():
+    import gymnasium as gym
+
+    from shmvec.vec_env_pool import ShmVecEnvPool
+
+    env = ShmVecEnvPool(testenvs.bare_env_fns(2), n_workers=2, start_method="fork", timeout=30.0)
+    try:
+        env.reset()
+        env.step_async(np.zeros(2, dtype=np.int64))
+        env.seed(-3)
+        with pytest.raises(gym.error.Error, match="Seed must be"):
+            env.reset()
+        assert env.waiting
+        assert len(env.step_wait()[0]) == 2  # was NoAsyncCallError, and the envs stayed in flight
+    finally:
+        env.close()

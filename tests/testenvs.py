@@ -726,3 +726,24 @@ class ArrayFlagsEnv(SpacesEnv):
 
 def make_array_flags_env(index: int = 0) -> gym.Env:
     return TimeLimit(ArrayFlagsEnv("box", "discrete", tag=index, term_prob=0.2), max_episode_steps=6 + index)
+
+
+class InfoAtEnv(SpacesEnv):
+    """At step ``at``, returns ``info`` (a value the parent cannot use: one that does not
+    unpickle there, or a list where SB3 wants a dict)."""
+
+    def __init__(self, info: Any, at: int = 2, tag: int = 0) -> None:
+        super().__init__("box", "discrete", term_prob=0.0, tag=tag)
+        self.bad_info, self.at = info, at
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated, truncated, (self.bad_info if self._t == self.at else info)
+
+
+def make_unloadable_info_env(index: int = 0) -> gym.Env:
+    return InfoAtEnv({"thing": RaiseOnLoad()}, tag=index)
+
+
+def make_list_info_env(index: int = 0) -> gym.Env:
+    return InfoAtEnv(["not", "a", "dict"], tag=index)
