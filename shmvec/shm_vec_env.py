@@ -717,14 +717,7 @@ class ShmVecEnv(Recovery, VecEnv):
         self._check_usable()
         if not self.waiting:
             raise NoAsyncCallError("step_wait() without a preceding step_async()")
-        results = self._complete_step()
-        try:
-            out = self._step_results(results)
-        except Exception:
-            self.waiting = False  # the step's own failure (an info SB3's dicts cannot take): it is over
-            raise
-        self.waiting = False
-        return out
+        return self._finish_step()
 
     def step(self, actions: np.ndarray) -> VecEnvStepReturn:
         """``step_async(actions)`` then ``step_wait()`` (SB3's ``VecEnv.step``), the usual case in
@@ -736,6 +729,11 @@ class ShmVecEnv(Recovery, VecEnv):
                 or not copy_actions(actions, *self._step_actions)):
             return super().step(actions)  # everything else, and every check and error message
         self._post(P.Cmd.STEP)  # sets self.waiting
+        return self._finish_step()
+
+    def _finish_step(self) -> VecEnvStepReturn:
+        """SB3's return of the step in flight; the step is over once it returns (``waiting``
+        cleared), or raises an Exception of its own.  Interrupted, it stays for ``step_wait()``."""
         results = self._complete_step()
         try:
             out = self._step_results(results)

@@ -14,7 +14,7 @@ interrupt left behind against ``DummyVecEnv`` on the same seeds.  Each interrupt
   mailbox), which cannot be read twice.
 
 A step is lost (done in the workers, its results never returned) only when the interrupt lands on
-the ``return`` of ``step``/``step_wait`` itself: past it, the caller has the results.
+the ``return`` of ``_finish_step`` (``step``'s and ``step_wait``'s tail): past it, the caller has the results.
 """
 
 from __future__ import annotations
@@ -64,8 +64,23 @@ def interrupt_at(func: Callable, line: int, when: Callable[[Any], bool] = lambda
 
 
 _STEP_PATH = [ShmVecEnv.step, ShmVecEnv.step_async, ShmVecEnv.step_wait, ShmVecEnv._post, ShmVecEnv._wake_posted,
-              ShmVecEnv._complete_step, ShmVecEnv._complete, ShmVecEnv._complete_or_raise, ShmVecEnv._read_result,
-              ShmVecEnv._step_results]
+              ShmVecEnv._finish_step, ShmVecEnv._complete_step, ShmVecEnv._complete, ShmVecEnv._complete_or_raise,
+              ShmVecEnv._read_result, ShmVecEnv._step_results]
+
+
+def _interrupted(func: Callable, line: int, call: Callable[[], Any]) -> tuple[Any, bool]:
+    """``call()`` with a KeyboardInterrupt at ``line`` of ``func``: (its result or None, whether
+    the interrupt fired)."""
+    tracer, fired = interrupt_at(func, line)
+    got = None
+    sys.settrace(tracer)
+    try:
+        got = call()
+    except KeyboardInterrupt:
+        assert fired, f"KeyboardInterrupt from elsewhere than {func.__qualname__} line {line}"
+    finally:
+        sys.settrace(None)
+    return got, bool(fired)
 
 
 def _run(env: ShmVecEnv, how: str, act: np.ndarray) -> Any:
@@ -103,15 +118,7 @@ def test_a_ctrl_c_at_any_line_of_a_step_leaves_it_unsent_in_flight_or_broken_nev
                 where = f"{func.__name__} line {line}: {_source_line(func, line)!r}"
                 act = rng.integers(0, 3, size=4)
                 seqs = list(env._seq)
-                tracer, fired = interrupt_at(func, line)
-                got = None
-                sys.settrace(tracer)
-                try:
-                    got = _run(env, how, act)
-                except KeyboardInterrupt:
-                    assert fired, where
-                finally:
-                    sys.settrace(None)
+                got, fired = _interrupted(func, line, functools.partial(_run, env, how, act))
                 if not fired:  # a line this step does not run (an error path, another branch)
                     outcomes["not reached"] += 1
                     assert_same(got, ref.step(act), where)
@@ -137,7 +144,7 @@ def test_a_ctrl_c_at_any_line_of_a_step_leaves_it_unsent_in_flight_or_broken_nev
                     assert not env.waiting
                 elif env._seq != seqs:
                     outcomes["lost"] += 1
-                    assert func in (ShmVecEnv.step, ShmVecEnv.step_wait), f"step lost at {where}"
+                    assert func is ShmVecEnv._finish_step, f"step lost at {where}"
                     assert _source_line(func, line) == "return out", f"step lost at {where}"
                     ref.step(act)
                 else:
@@ -214,15 +221,7 @@ def test_a_ctrl_c_at_any_line_of_an_sb3_pool_step_leaves_it_unsent_or_in_flight(
             for line in _lines(func):
                 where = f"{func.__qualname__} line {line}: {_source_line(func, line)!r}"
                 act = rng.integers(0, 3, size=4)
-                tracer, fired = interrupt_at(func, line)
-                got = None
-                sys.settrace(tracer)
-                try:
-                    got = env.step(act)
-                except KeyboardInterrupt:
-                    assert fired, where
-                finally:
-                    sys.settrace(None)
+                got, fired = _interrupted(func, line, functools.partial(env.step, act))
                 if not fired:
                     outcomes["not reached"] += 1
                     same(got, act, where)
@@ -280,15 +279,7 @@ def test_a_ctrl_c_at_any_line_of_a_vector_env_step_leaves_it_unsent_for_reset_or
                 act = rng.integers(0, 3, size=4)
                 engine = env._engine
                 seqs = list(engine._seq)
-                tracer, fired = interrupt_at(func, line)
-                got = None
-                sys.settrace(tracer)
-                try:
-                    got = env.step(act)
-                except KeyboardInterrupt:
-                    assert fired, where
-                finally:
-                    sys.settrace(None)
+                got, fired = _interrupted(func, line, functools.partial(env.step, act))
                 if not fired:
                     outcomes["not reached"] += 1
                     assert_same(got, ref.step(act), where)
