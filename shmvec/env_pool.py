@@ -408,6 +408,10 @@ class ShmEnvPool:
     def _usable(self) -> _Engine:
         return usable_engine(self)
 
+    def _check_usable(self) -> None:
+        """Raises ClosedVecEnvError or BrokenVecEnvError, as RayShmEnvPool's does."""
+        usable_engine(self)
+
     def _start(self) -> None:
         engine = self._engine
         assert engine is not None

@@ -85,12 +85,11 @@ class _Engine(ShmVecEnv):
     def step_raw(self, actions: Any) -> list[list]:
         """Writes the actions, steps every env, returns the workers' items; results stay in the buffers."""
         # A Ctrl-C once the step is posted leaves it in flight (``waiting``, as ShmVecEnv's
-        # _complete_step does): ShmVectorEnv.reset() finishes it and drops it.  Refused actions
-        # (nothing posted) and a failed step (the env is broken) leave ``waiting`` False.
+        # _complete_step does), until ShmVectorEnv.step has built its return and clears it:
+        # ShmVectorEnv.reset() finishes it and drops it.  Refused actions (nothing posted) and a
+        # failed step (the env is broken) leave ``waiting`` False.
         self.step_async(actions)  # ``waiting`` once every worker has the step (in _post)
-        results = self._complete_step()
-        self.waiting = False
-        return results
+        return self._complete_step()
 
 
 class ShmVectorEnv(VectorEnv):
@@ -247,7 +246,18 @@ class ShmVectorEnv(VectorEnv):
                 f"envs {np.flatnonzero(self._ended).tolist()} ended (terminated or truncated) and autoreset_mode is "
                 "DISABLED: reset them with reset(options={'reset_mask': mask}) before the next step."
             )
-        results = engine.step_raw(actions)
+        results = engine.step_raw(actions)  # the step stays in flight (engine.waiting) until returned
+        try:
+            out = self._step_return(engine, results, mode)
+        except Exception:
+            engine.waiting = False  # the step's own failure (an info Gymnasium's dicts cannot take): it is over
+            raise
+        engine.waiting = False
+        return out
+
+    def _step_return(self, engine: _Engine, results: list[list], mode: AutoresetMode) -> tuple:
+        """``step``'s return for the step just collected; run again if a Ctrl-C cut it short (the
+        bookkeeping, ``_ended``, takes the same envs twice)."""
         views = engine._views
         terminated = views.terminated.copy()
         truncated = views.truncated.copy()

@@ -229,8 +229,11 @@ class ShmVecEnvPool(VecEnv):
 
     # ---- internals ------------------------------------------------------------------------------------
     def _usable(self) -> ShmEnvPool:
+        """The pool, if it can take a call: closed or broken, every call says so first (before
+        AlreadyPendingCallError or NoAsyncCallError, which would point at step_wait() or reset())."""
         if self._pool is None:
             raise ClosedVecEnvError(f"this {type(self).__name__} is closed; build a new one")
+        self._pool._check_usable()
         return self._pool
 
     def _pool_indices(self, indices: VecEnvIndices) -> list[int]:

@@ -725,3 +725,38 @@ def test_sb3_pool_reset_refused_for_its_seeds_keeps_the_step_in_flight():
         assert len(env.step_wait()[0]) == 2  # was NoAsyncCallError, and the envs stayed in flight
     finally:
         env.close()
+
+
+@pytest.mark.timeout(60, method="thread")  # pytest-timeout's own method uses SIGALRM
+@pytest.mark.parametrize("in_flight", [True, False])
+def test_a_broken_sb3_pool_says_so_on_every_call(in_flight):
+    """Broken by a Ctrl-C while its workers reset: step() and step_async() said to call step_wait()
+    or reset() (both broken), and step_wait() with nothing in flight raised NoAsyncCallError."""
+    import signal
+
+    from shmvec import BrokenVecEnvError
+    from shmvec.vec_env_pool import ShmVecEnvPool
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    fns = [functools.partial(testenvs.make_sleepy_env, 0.0, 0.3) for _ in range(4)]  # reset() sleeps 0.3 s
+    env = ShmVecEnvPool(fns, n_workers=2, start_method="fork", timeout=30.0)
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        env.reset()
+        actions = np.zeros(4, dtype=np.int64)
+        if in_flight:
+            env.step_async(actions)
+        signal.setitimer(signal.ITIMER_REAL, 0.1)  # lands while the workers run RESET
+        with pytest.raises(KeyboardInterrupt):
+            env.reset()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        assert env._pool._engine._broken is not None
+        for call in (lambda: env.step(actions), lambda: env.step_async(actions), env.step_wait, env.reset):
+            with pytest.raises(BrokenVecEnvError):
+                call()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        env.close()
