@@ -237,6 +237,8 @@ class ShmVectorEnv(VectorEnv):
         :raises ValueError: the actions do not fit the batched action space.
         :raises ShmVecEnvError: ``DISABLED`` autoreset and an env that ended was not reset.
         :raises ClosedVecEnvError, BrokenVecEnvError: the vector env is closed or broken.
+        :raises AlreadyPendingCallError: a step interrupted by Ctrl-C is still in flight: call
+            ``reset()``, which finishes it and drops it.
         :raises WorkerDiedError: a worker died; the original exception type if an env raised.
         """
         engine = self._usable()
