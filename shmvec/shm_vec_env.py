@@ -1021,10 +1021,7 @@ class ShmVecEnv(Recovery, VecEnv):
                     words.store(cmd_word, code)
                     words.store(seq_word, seq)
             all_posted = True
-            self._consumed = self._collecting = False
-            if code == _STEP:
-                self._done_step = None
-                self.waiting = True  # here, not in the caller: a Ctrl-C may land as _post returns
+            self._note_posted(code)
             self._wake_posted(skip)
         except BaseException as exc:
             # Interrupted (Ctrl-C).  Before any worker had its command, nothing was sent (the
@@ -1033,13 +1030,19 @@ class ShmVecEnv(Recovery, VecEnv):
             # run the command and nobody will wait for them; a next command would store PENDING
             # under them and read stale results: the env is broken.
             if all_posted and code == _STEP and self._broken is None:
-                self._consumed = self._collecting = False
-                self._done_step = None
-                self.waiting = True
+                self._note_posted(code)
                 self._wake_posted(skip)
             elif posted and self._broken is None:
                 self._broken = exc
             raise
+
+    def _note_posted(self, code: int) -> None:
+        """The command is with every worker: nothing of its results read yet; a step is in flight
+        (``waiting`` set here, not in the caller: a Ctrl-C may land as _post returns)."""
+        self._consumed = self._collecting = False
+        if code == _STEP:
+            self._done_step = None
+            self.waiting = True
 
     def _wake_posted(self, skip: Any) -> None:
         # Wake the sleepers only once every worker has its command: a worker woken on this core

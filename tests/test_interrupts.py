@@ -63,7 +63,8 @@ def interrupt_at(func: Callable, line: int, when: Callable[[Any], bool] = lambda
     return calls, fired
 
 
-_STEP_PATH = [ShmVecEnv.step, ShmVecEnv.step_async, ShmVecEnv.step_wait, ShmVecEnv._post, ShmVecEnv._wake_posted,
+_STEP_PATH = [ShmVecEnv.step, ShmVecEnv.step_async, ShmVecEnv.step_wait, ShmVecEnv._post, ShmVecEnv._note_posted,
+              ShmVecEnv._wake_posted,
               ShmVecEnv._finish_step, ShmVecEnv._complete_step, ShmVecEnv._complete, ShmVecEnv._complete_or_raise,
               ShmVecEnv._read_result, ShmVecEnv._step_results]
 
@@ -269,9 +270,8 @@ def test_a_ctrl_c_at_any_line_of_a_vector_env_step_leaves_it_unsent_for_reset_or
     try:
         both_reset()
         for func in [ShmVectorEnv.step, ShmVectorEnv._step_return, _Engine.step_raw, ShmVecEnv.step_async,
-                     ShmVecEnv._post,
-                     ShmVecEnv._wake_posted, ShmVecEnv._complete_step, ShmVecEnv._complete,
-                     ShmVecEnv._complete_or_raise]:
+                     ShmVecEnv._post, ShmVecEnv._note_posted, ShmVecEnv._wake_posted, ShmVecEnv._complete_step,
+                     ShmVecEnv._complete, ShmVecEnv._complete_or_raise]:
             for line in _lines(func):
                 where = f"{func.__qualname__} line {line}: {_source_line(func, line)!r}"
                 act = rng.integers(0, 3, size=4)
