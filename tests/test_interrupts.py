@@ -45,6 +45,13 @@ def _source_line(func: Callable, line: int) -> str:
     return lines[line - first].strip()
 
 
+def _every_line(funcs: list[Callable]) -> Any:
+    """(func, line, a description of the place) for every line of every function in ``funcs``."""
+    for func in funcs:
+        for line in _lines(func):
+            yield func, line, f"{func.__qualname__} line {line}: {_source_line(func, line)!r}"
+
+
 def interrupt_at(func: Callable, line: int, when: Callable[[Any], bool] = lambda frame: True) -> tuple[Callable, list]:
     """A trace function that raises KeyboardInterrupt once, as ``line`` of ``func`` is about to
     run (in a frame for which ``when(frame)`` is true); and a list that is non-empty once it has."""
@@ -114,44 +121,42 @@ def test_a_ctrl_c_at_any_line_of_a_step_leaves_it_unsent_in_flight_or_broken_nev
 
     try:
         in_step(1)
-        for func in _STEP_PATH:
-            for line in _lines(func):
-                where = f"{func.__name__} line {line}: {_source_line(func, line)!r}"
-                act = rng.integers(0, 3, size=4)
-                seqs = list(env._seq)
-                got, fired = _interrupted(func, line, functools.partial(_run, env, how, act))
-                if not fired:  # a line this step does not run (an error path, another branch)
-                    outcomes["not reached"] += 1
-                    assert_same(got, ref.step(act), where)
-                    continue
-                if env._broken is not None:
-                    outcomes["broken"] += 1
-                    assert func is ShmVecEnv._post or env._consumed, f"broken by an interrupt at {where}"
-                    with pytest.raises(BrokenVecEnvError, match="KeyboardInterrupt"):
-                        env.step(act)
-                    env.close()
-                    env = build()
-                    in_step(int(rng.integers(1000)))
-                    continue
-                if env.waiting:
-                    outcomes["in flight"] += 1
-                    with pytest.raises(AlreadyPendingCallError, match="step_wait"):
-                        env.step(act)
-                    if outcomes["in flight"] % 3:
-                        assert_same(env.step_wait(), ref.step(act), where)
-                    else:
-                        ref.step(act)
-                        in_step(int(rng.integers(1000)))  # reset() finishes the step and drops it
-                    assert not env.waiting
-                elif env._seq != seqs:
-                    outcomes["lost"] += 1
-                    assert func is ShmVecEnv._finish_step, f"step lost at {where}"
-                    assert _source_line(func, line) == "return out", f"step lost at {where}"
-                    ref.step(act)
+        for func, line, where in _every_line(_STEP_PATH):
+            act = rng.integers(0, 3, size=4)
+            seqs = list(env._seq)
+            got, fired = _interrupted(func, line, functools.partial(_run, env, how, act))
+            if not fired:  # a line this step does not run (an error path, another branch)
+                outcomes["not reached"] += 1
+                assert_same(got, ref.step(act), where)
+                continue
+            if env._broken is not None:
+                outcomes["broken"] += 1
+                assert func is ShmVecEnv._post or env._consumed, f"broken by an interrupt at {where}"
+                with pytest.raises(BrokenVecEnvError, match="KeyboardInterrupt"):
+                    env.step(act)
+                env.close()
+                env = build()
+                in_step(int(rng.integers(1000)))
+                continue
+            if env.waiting:
+                outcomes["in flight"] += 1
+                with pytest.raises(AlreadyPendingCallError, match="step_wait"):
+                    env.step(act)
+                if outcomes["in flight"] % 3:
+                    assert_same(env.step_wait(), ref.step(act), where)
                 else:
-                    outcomes["not sent"] += 1
-                act = rng.integers(0, 3, size=4)
-                assert_same(env.step(act), ref.step(act), f"the step after an interrupt at {where}")
+                    ref.step(act)
+                    in_step(int(rng.integers(1000)))  # reset() finishes the step and drops it
+                assert not env.waiting
+            elif env._seq != seqs:
+                outcomes["lost"] += 1
+                assert func is ShmVecEnv._finish_step, f"step lost at {where}"
+                assert _source_line(func, line) == "return out", f"step lost at {where}"
+                ref.step(act)
+            else:
+                outcomes["not sent"] += 1
+            act = rng.integers(0, 3, size=4)
+            assert_same(env.step(act), ref.step(act), f"the step after an interrupt at {where}")
         # Each kind of outcome happened (the walk is not vacuous).
         assert outcomes["in flight"] >= 20 and outcomes["not sent"] >= 5, outcomes
         assert outcomes["broken"] >= 1, outcomes
@@ -216,33 +221,32 @@ def test_a_ctrl_c_at_any_line_of_an_sb3_pool_step_leaves_it_unsent_or_in_flight(
         ref.seed(3)
         env.seed(3)
         assert_same(env.reset(), ref.reset(), "reset")
-        for func in [VecEnv.step, ShmVecEnvPool.step_async, ShmVecEnvPool.step_wait, ShmVecEnvPool._build,
-                     ShmVecEnvPool._sorted, ShmVecEnvPool._remember, ShmEnvPool.send, ShmEnvPool.recv,
-                     ShmEnvPool._recv_held, ShmEnvPool._release_received]:
-            for line in _lines(func):
-                where = f"{func.__qualname__} line {line}: {_source_line(func, line)!r}"
-                act = rng.integers(0, 3, size=4)
-                got, fired = _interrupted(func, line, functools.partial(env.step, act))
-                if not fired:
-                    outcomes["not reached"] += 1
-                    same(got, act, where)
-                    continue
-                assert env._pool._engine._broken is None, f"broken by an interrupt at {where}"
-                if env.waiting:
-                    outcomes["in flight"] += 1
-                    with pytest.raises(AlreadyPendingCallError, match="step_wait"):
-                        env.step(act)
-                    same(env.step_wait(), act, where)
+        for func, line, where in _every_line([
+                VecEnv.step, ShmVecEnvPool.step_async, ShmVecEnvPool.step_wait, ShmVecEnvPool._build,
+                ShmVecEnvPool._sorted, ShmVecEnvPool._remember, ShmEnvPool.send, ShmEnvPool.recv,
+                ShmEnvPool._recv_held, ShmEnvPool._release_received]):
+            act = rng.integers(0, 3, size=4)
+            got, fired = _interrupted(func, line, functools.partial(env.step, act))
+            if not fired:
+                outcomes["not reached"] += 1
+                same(got, act, where)
+                continue
+            assert env._pool._engine._broken is None, f"broken by an interrupt at {where}"
+            if env.waiting:
+                outcomes["in flight"] += 1
+                with pytest.raises(AlreadyPendingCallError, match="step_wait"):
+                    env.step(act)
+                same(env.step_wait(), act, where)
+            else:
+                assert not env._pool._in_flight.any(), f"envs left in flight by an interrupt at {where}"
+                if func is ShmVecEnvPool.step_wait:  # past "self.waiting = False": the step is over
+                    outcomes["lost"] += 1
+                    assert _source_line(func, line).startswith(("self._received = self._built = None", "return out")), where
+                    ref.step(act)
                 else:
-                    assert not env._pool._in_flight.any(), f"envs left in flight by an interrupt at {where}"
-                    if func is ShmVecEnvPool.step_wait:  # past "self.waiting = False": the step is over
-                        outcomes["lost"] += 1
-                        assert _source_line(func, line).startswith(("self._received = self._built = None", "return out")), where
-                        ref.step(act)
-                    else:
-                        outcomes["not sent"] += 1
-                act = rng.integers(0, 3, size=4)
-                same(env.step(act), act, f"the step after an interrupt at {where}")
+                    outcomes["not sent"] += 1
+            act = rng.integers(0, 3, size=4)
+            same(env.step(act), act, f"the step after an interrupt at {where}")
         assert outcomes["in flight"] >= 20 and outcomes["not sent"] >= 3, outcomes
     finally:
         close_all(env, ref)
@@ -269,40 +273,39 @@ def test_a_ctrl_c_at_any_line_of_a_vector_env_step_leaves_it_unsent_for_reset_or
 
     try:
         both_reset()
-        for func in [ShmVectorEnv.step, ShmVectorEnv._step_return, _Engine.step_raw, ShmVecEnv.step_async,
-                     ShmVecEnv._post, ShmVecEnv._note_posted, ShmVecEnv._wake_posted, ShmVecEnv._complete_step,
-                     ShmVecEnv._complete, ShmVecEnv._complete_or_raise]:
-            for line in _lines(func):
-                where = f"{func.__qualname__} line {line}: {_source_line(func, line)!r}"
-                act = rng.integers(0, 3, size=4)
-                engine = env._engine
-                seqs = list(engine._seq)
-                got, fired = _interrupted(func, line, functools.partial(env.step, act))
-                if not fired:
-                    outcomes["not reached"] += 1
-                    assert_same(got, ref.step(act), where)
-                    continue
-                if engine._broken is not None:
-                    outcomes["broken"] += 1
-                    assert func is ShmVecEnv._post, f"broken by an interrupt at {where}"
-                    env.close()
-                    env = build()
-                    both_reset()
-                    continue
-                if engine.waiting:
-                    outcomes["in flight"] += 1
-                    with pytest.raises(AlreadyPendingCallError, match="call reset"):
-                        env.step(act)
-                    ref.step(act)
-                    both_reset()  # finishes the step and drops it
-                elif engine._seq != seqs:
-                    outcomes["lost"] += 1  # done; the interrupt landed as step() returned
-                    assert func is ShmVectorEnv.step and _source_line(func, line) == "return out", where
-                    ref.step(act)
-                else:
-                    outcomes["not sent"] += 1
-                act = rng.integers(0, 3, size=4)
-                assert_same(env.step(act), ref.step(act), f"the step after an interrupt at {where}")
+        for func, line, where in _every_line([
+                ShmVectorEnv.step, ShmVectorEnv._step_return, _Engine.step_raw, ShmVecEnv.step_async,
+                ShmVecEnv._post, ShmVecEnv._note_posted, ShmVecEnv._wake_posted, ShmVecEnv._complete_step,
+                ShmVecEnv._complete, ShmVecEnv._complete_or_raise]):
+            act = rng.integers(0, 3, size=4)
+            engine = env._engine
+            seqs = list(engine._seq)
+            got, fired = _interrupted(func, line, functools.partial(env.step, act))
+            if not fired:
+                outcomes["not reached"] += 1
+                assert_same(got, ref.step(act), where)
+                continue
+            if engine._broken is not None:
+                outcomes["broken"] += 1
+                assert func is ShmVecEnv._post, f"broken by an interrupt at {where}"
+                env.close()
+                env = build()
+                both_reset()
+                continue
+            if engine.waiting:
+                outcomes["in flight"] += 1
+                with pytest.raises(AlreadyPendingCallError, match="call reset"):
+                    env.step(act)
+                ref.step(act)
+                both_reset()  # finishes the step and drops it
+            elif engine._seq != seqs:
+                outcomes["lost"] += 1  # done; the interrupt landed as step() returned
+                assert func is ShmVectorEnv.step and _source_line(func, line) == "return out", where
+                ref.step(act)
+            else:
+                outcomes["not sent"] += 1
+            act = rng.integers(0, 3, size=4)
+            assert_same(env.step(act), ref.step(act), f"the step after an interrupt at {where}")
         assert outcomes["in flight"] >= 15 and outcomes["not sent"] >= 5 and outcomes["broken"] >= 1, outcomes
     finally:
         close_all(env, ref)
