@@ -71,6 +71,7 @@ from shmvec._errors import (
     WorkerDiedError,
     WorkerRestartWarning,
     WorkerTimeoutError,
+    broken_by,
     describe_exitcode,
     unpack_exception,
 )
@@ -265,12 +266,11 @@ class Recovery:
                         f"{self.restarts + len(failed)} restarts")
             else:
                 over = ""
-            self._broken = TooManyRestartsError(
+            raise broken_by(self, TooManyRestartsError(
                 f"worker {w} (envs {sl.start}..{sl.stop - 1}) failed during {command} ({reason}){over}: over the "
                 f"limit set by max_restarts={self.max_restarts} ({self.restarts} restarts so far). The envs keep "
                 f"failing: fix them, or raise max_restarts (None: no limit). {_BROKEN_HINT}"
-            )
-            raise self._broken
+            ))
         self.restarts += len(failed)
         step_timeout = self.timeout
         if step_timeout is not None:
@@ -287,12 +287,12 @@ class Recovery:
                 self._recv(w, f"restart of worker {w}", _BROKEN_HINT)  # "ready"
             infos = self._reset_restarted(list(failed), command)
         except BaseException as exc:
-            if self._broken is None:
-                self._broken = exc
             if isinstance(exc, Exception):
                 reasons = "; ".join(failed.values())
                 exc.add_note(f"shmvec: raised while restarting after a failure during {command} ({reasons}). "
                              + _BROKEN_HINT)
+            if self._broken is None:  # after the note: _broken keeps a copy
+                self._broken = exc
             raise
         finally:
             self.timeout = step_timeout
@@ -423,7 +423,10 @@ class Recovery:
             # words until its next command, and a pipe result must not be read twice (close()).
             words.store(P.word(w, P.RESULT_LEN), 0)
         if error is not None:
-            raise error
+            try:
+                raise error
+            finally:
+                error = None  # a local holding it would hold this frame (and self) through its traceback
         return infos
 
 

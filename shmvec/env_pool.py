@@ -35,7 +35,7 @@ from shmvec import _pool
 from shmvec import _protocol as P
 from shmvec._actions import exact_integers, rows_reshaped
 from shmvec._core import IndexQueue, copy_actions, load_result, push_in_flight, release_in_flight, send_ids_valid
-from shmvec._errors import InvalidActionError, ShmVecEnvError, WorkerTimeoutError
+from shmvec._errors import InvalidActionError, ShmVecEnvError, WorkerTimeoutError, broken_by
 from shmvec._layout import close_mapping, make_gather
 from shmvec.shm_vector_env import _Engine, gym_vector_seeds, per_env_values, usable_engine
 
@@ -335,11 +335,10 @@ class ShmEnvPool:
                 if since is None or stamped_at != len(ids):
                     since, stamped_at = now - P.POLL_S, len(ids)  # this poll waited POLL_S already
                 if engine.timeout is not None and now - since >= engine.timeout:
-                    engine._broken = WorkerTimeoutError(
+                    raise broken_by(engine, WorkerTimeoutError(
                         f"pool recv: {n - len(ids)} of batch_size={n} envs did not finish within {engine.timeout:g} s. "
                         "An env may hang; call close() (it terminates the workers) and build a new pool."
-                    )
-                    raise engine._broken
+                    ))
                 continue
             if v & _pool.ERROR_BIT:
                 self._stop()  # raises the env's exception (and marks the engine broken)

@@ -53,6 +53,7 @@ from shmvec._errors import (
     AlreadyPendingCallError,
     BrokenVecEnvError,
     ClosedVecEnvError,
+    FirstFailure,
     NoAsyncCallError,
     RemoteTraceback,
     ShmVecEnvError,
@@ -61,6 +62,7 @@ from shmvec._errors import (
     WorkerDiedError,
     WorkerRestartWarning,
     WorkerTimeoutError,
+    broken_by,
 )
 from shmvec._actions import _leaf_check, exact_integers, rows_reshaped
 from shmvec._layout import group_by_slice, split_envs
@@ -239,7 +241,7 @@ class _RayActorGroup:
     # Class-level defaults: close() and __del__ are safe on a half-built object.
     closed = True
     waiting = False
-    _broken: BaseException | None = None
+    _broken = FirstFailure()  # kept without its traceback (see shmvec._errors.detached)
     _actors: list = []
     _pending: list = []
     _restarted: dict = {}  # actor -> (reason, reset obs, reset infos): replaced during a rare call
@@ -398,7 +400,10 @@ class _RayActorGroup:
                 except Exception:  # noqa: BLE001 - already gone, or Ray shut down
                     pass
         if error is not None:
-            raise error
+            try:
+                raise error
+            finally:
+                error = None  # a local holding it would hold this frame (and self) through its traceback
 
     def _close_quietly(self) -> None:
         """``close()``, ignoring errors (for clean-up paths)."""
@@ -544,11 +549,17 @@ class _RayActorGroup:
         else:
             err = ShmVecEnvError(f"{command}: Ray failed: {type(others[0]).__name__}: {others[0]}. {hint}")
             err.__cause__ = others[0]
-        if broken or ((dead or late) and not restarted):
-            self._broken = err
         if err.__cause__ is None:
             err.__suppress_context__ = True  # Ray's exception says nothing more than ours
-        raise err
+        if broken or ((dead or late) and not restarted):
+            self._broken = err  # after the line above: _broken keeps a copy
+        try:
+            raise err
+        finally:
+            # Locals holding it, or Ray's exceptions that lead to it, would hold these frames (and
+            # self) through its traceback; the callers' frames hold ``failures`` too.
+            failures.clear()
+            err = e = dead = env_errors = others = None
 
     def _reason(self, k: int, exc: BaseException, command: str) -> str:
         """What failed, in one line, for ``info["shmvec_restarted"]`` and the warning."""
@@ -565,10 +576,9 @@ class _RayActorGroup:
                        options: list | None = None) -> tuple[Any, list]:
         """Replaces actor k by a new one with the same envs, reset; returns (obs, reset infos)."""
         if self.max_restarts is not None and self.restarts >= self.max_restarts:
-            self._broken = TooManyRestartsError(
+            raise broken_by(self, TooManyRestartsError(
                 f"{reason}, after {self.restarts} restarts (max_restarts={self.max_restarts}). " + _BROKEN_HINT
-            )
-            raise self._broken
+            ))
         self.restarts += 1
         try:
             ray.kill(self._actors[k], no_restart=True)

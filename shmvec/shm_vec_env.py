@@ -35,11 +35,13 @@ from shmvec._errors import (
     AlreadyPendingCallError,
     BrokenVecEnvError,
     ClosedVecEnvError,
+    FirstFailure,
     NoAsyncCallError,
     ShmVecEnvError,
     SpaceError,
     WorkerDiedError,
     WorkerTimeoutError,
+    broken_by,
     describe_exitcode,
     unpack_exception,
 )
@@ -341,7 +343,8 @@ class ShmVecEnv(Recovery, VecEnv):
     _done_step: list[list] | None = None
     _consumed = False
     _collecting = False  # the step's wait is over and its results are being read
-    _broken: BaseException | None = None
+    # The failure that left this vec env unusable, without its traceback (_errors.FirstFailure).
+    _broken = FirstFailure()
     _res: _Resources | None = None
     # How workers reset finished envs (_protocol): SB3 expects the reset within the same step.
     _autoreset: str = P.AUTORESET_SAME_STEP
@@ -681,11 +684,10 @@ class ShmVecEnv(Recovery, VecEnv):
                         raise BrokenPipeError(f"worker {w} died while {command}'s message was sent")
                     if self.timeout is not None and time.monotonic() - since >= self.timeout:
                         sl = self.slices[w]
-                        self._broken = WorkerTimeoutError(
+                        raise broken_by(self, WorkerTimeoutError(
                             f"{command}: worker {w} (envs {sl.start}..{sl.stop - 1}) did not read its message "
                             f"({n} bytes) within {self.timeout:g} s. The env may hang; call close() (it terminates "
-                            "it) and build a new vec env.")
-                        raise self._broken
+                            "it) and build a new vec env."))
         finally:
             os.set_blocking(fd, True)
 
@@ -1089,11 +1091,10 @@ class ShmVecEnv(Recovery, VecEnv):
             if limit is not None and time.monotonic() - since >= limit:
                 late = [w for w in range(self.n_workers) if words.load(P.word(w, P.DONE_SEQ)) != self._seq[w]]
                 envs = [i for w in late for i in self.slices[w]]
-                self._broken = WorkerTimeoutError(
+                raise broken_by(self, WorkerTimeoutError(
                     f"{command}: workers {late} (envs {_ranges(envs)}) did not answer within {limit:g} s. "
                     "The env may hang; call close() (it terminates them) and build a new vec env."
-                )
-                raise self._broken
+                ))
             pending = words.load(P.PENDING)
         self._collecting = True
         results: list[list] = []
@@ -1111,7 +1112,10 @@ class ShmVecEnv(Recovery, VecEnv):
             results.append(self._read_result(w, n, command) if n else [])
         if error is not None:
             self._broken = error
-            raise error
+            try:
+                raise error
+            finally:
+                error = exc = None  # a local holding it would hold this frame (and self) through its traceback
         return results
 
     def _read_result(self, w: int, n: int, command: str) -> list:
@@ -1178,11 +1182,10 @@ class ShmVecEnv(Recovery, VecEnv):
                 sl = self.slices[w]
                 what = (_START_HINT if self._constructing
                         else "Call close() (it terminates it) and build a new vec env.")
-                self._broken = WorkerTimeoutError(
+                raise broken_by(self, WorkerTimeoutError(
                     f"{command}: worker {w} (envs {sl.start}..{sl.stop - 1}) did not answer within "
                     f"{self.timeout:g} s. {what}"
-                )
-                raise self._broken
+                ))
 
     def _recv_raw(self, w: int, command: str, raw_bytes: bool = False) -> Any:
         """The next message from worker w (its bytes with ``raw_bytes``); WorkerDiedError if it died."""
@@ -1220,7 +1223,11 @@ class ShmVecEnv(Recovery, VecEnv):
                          "The worker loop itself failed (see the cause, if any).")
         if packed is not None:
             err.__cause__ = unpack_exception(packed, _BROKEN_HINT)
-        raise err
+            self._broken = err  # again, with its cause: _broken keeps a copy
+        try:
+            raise err
+        finally:
+            del err  # a local holding it would hold this frame (and self) through its traceback
 
     def _pipe_call(self, name: str, indices: VecEnvIndices, args: tuple) -> list[Any]:
         self._check_usable()
@@ -1282,7 +1289,10 @@ class ShmVecEnv(Recovery, VecEnv):
                 self._broken = exc
             raise
         if error is not None:
-            raise error
+            try:
+                raise error
+            finally:
+                error = None  # a local holding it would hold this frame (and self) through its traceback
         return answers
 
     def _worker_of(self, i: int) -> int:

@@ -266,6 +266,36 @@ def test_attribute_and_method_calls_reach_the_right_env(cluster):
         close_all(env)
 
 
+def test_a_broken_ray_vec_env_dropped_without_close_is_freed_at_once(cluster):
+    """As tests/test_dropped.py: no reference cycle through the failure it keeps (GC off)."""
+    import gc
+    import weakref
+
+    fns = [functools.partial(testenvs.make_raising_env, 3 if i == 1 else 10**9) for i in range(4)]
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        env = RayShmVecEnv(fns, n_actors=2)
+        pids = [i["pid"] for i in env.actor_info]
+        env.reset()
+        raised = []
+        for call in (lambda: [env.step(np.zeros(4, dtype=np.int64)) for _ in range(5)], env.reset):
+            try:
+                call()
+            except Exception as exc:  # noqa: BLE001 - named below
+                raised.append(type(exc).__name__)
+        del call
+        assert raised == ["EnvBoom", "BrokenVecEnvError"]
+        ref = weakref.ref(env)
+        del env
+        assert ref() is None, [type(r).__name__ for r in gc.get_referrers(ref())]
+        _wait_gone(pids)
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_actor_killed_mid_step_names_its_envs_and_close_still_works(cluster):
     """SIGKILL of one actor's process while it steps: RayActorDiedError naming actor, node, envs."""
     fns = [functools.partial(testenvs.make_sleepy_env, 1.5)] * 4
