@@ -218,6 +218,13 @@ def _gather(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], cop
         items = [_gather(s, path + (k,), leaves, copy) for k, s in enumerate(space.spaces)]
         return lambda i: tuple(f(i) for f in items)
     arr = leaves[path]
+    if arr.ndim == 1 and isinstance(space, spaces.Box):
+        # One env's value of a scalar Box as a 0-d array, as the env gave it (Box.sample() and
+        # the envs do): arr[i] would be a numpy scalar.  A Discrete (or a MultiDiscrete of shape
+        # ()) stays a numpy integer, as their sample() gives it.
+        if copy:
+            return lambda i: arr[i, ...].copy()
+        return lambda i: arr[i, ...]
     if copy:
         return lambda i: arr[i].copy()
     return arr.__getitem__

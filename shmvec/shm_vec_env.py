@@ -555,7 +555,9 @@ class ShmVecEnv(Recovery, VecEnv):
         # one action leaf whose batch copy_actions checks and copies in one C call.
         single_obs = list(views.obs) == [()]
         self._obs_leaf = views.obs[()] if single_obs else None
-        self._term_leaf = views.term_obs[()] if single_obs else None
+        # (Not a scalar Box: its row would come back a numpy scalar; _term_obs gives a 0-d array.)
+        scalar_box = isinstance(obs_space, gym.spaces.Box) and obs_space.shape == ()
+        self._term_leaf = views.term_obs[()] if single_obs and not scalar_box else None
         act_fast = self._act_fast.get(()) if len(self._act_leaves) == 1 else None
         cls = type(self)
         overridden = cls.step_async is not ShmVecEnv.step_async or cls.step_wait is not ShmVecEnv.step_wait

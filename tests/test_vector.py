@@ -388,3 +388,45 @@ def test_misuse_errors_are_gymnasiums_too_and_name_the_class_in_hand():
 
     assert issubclass(AlreadyPendingCallError, gym.error.AlreadyPendingCallError)
     assert issubclass(NoAsyncCallError, gym.error.NoAsyncCallError)
+
+
+def _types(value):
+    """The types (and shapes) of a nested value's leaves."""
+    if isinstance(value, dict):
+        return {k: _types(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_types(v) for v in value)
+    return type(value).__name__, getattr(value, "shape", None), str(getattr(value, "dtype", ""))
+
+
+@pytest.mark.parametrize("kind", ["box", "dict", "tuple"])
+def test_final_obs_of_scalar_leaves_has_the_references_types(kind):
+    """A scalar Box leaf's final_obs is a 0-d array as the env gave it (was a numpy scalar); a
+    Discrete's a numpy int (SyncVectorEnv); SB3's terminal_observation as DummyVecEnv's."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from shmvec import ShmVecEnv
+
+    fns = [functools.partial(testenvs.make_scalar_leaves_env, kind)] * 3
+    pairs = [(SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP),
+              ShmVectorEnv(fns, n_workers=2, start_method="fork", autoreset_mode=AutoresetMode.SAME_STEP)),
+             (DummyVecEnv(fns), ShmVecEnv(fns, n_workers=2, start_method="fork"))]
+    try:
+        (ref, env), (ref3, env3) = pairs
+        ref.reset(seed=5), env.reset(seed=5)
+        ref3.seed(5), env3.seed(5)
+        ref3.reset(), env3.reset()
+        for _ in range(2):
+            a = np.zeros(3, dtype=np.int64)
+            *_, info_ref = ref.step(a)
+            *_, info = env.step(a)
+            *_, infos_ref = ref3.step(a)
+            *_, infos = env3.step(a)
+        for i in range(3):
+            assert _types(info["final_obs"][i]) == _types(info_ref["final_obs"][i])
+            assert_same(info["final_obs"][i], info_ref["final_obs"][i])
+            terminal, terminal_ref = infos[i]["terminal_observation"], infos_ref[i]["terminal_observation"]
+            assert _types(terminal) == _types(terminal_ref)
+            assert_same(terminal, terminal_ref)
+    finally:
+        close_all(*[e for pair in pairs for e in pair])

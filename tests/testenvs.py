@@ -747,3 +747,34 @@ def make_unloadable_info_env(index: int = 0) -> gym.Env:
 
 def make_list_info_env(index: int = 0) -> gym.Env:
     return InfoAtEnv(["not", "a", "dict"], tag=index)
+
+
+class ScalarLeavesEnv(gym.Env):
+    """Observations with scalar leaves (``Box`` of shape ``()``, ``Discrete``), alone and nested;
+    episodes of 2 steps.  The env returns what ``sample()`` gives: 0-d arrays and numpy ints."""
+
+    SPACES = {
+        "box": lambda: spaces.Box(-1, 1, shape=(), dtype=np.float32),
+        "dict": lambda: spaces.Dict({"a": spaces.Box(-1, 1, shape=(), dtype=np.float64), "b": spaces.Discrete(3),
+                                     "c": spaces.MultiDiscrete(np.array(4))}),
+        "tuple": lambda: spaces.Tuple((spaces.Box(-1, 1, shape=(), dtype=np.float32), spaces.MultiBinary(2))),
+    }
+
+    def __init__(self, kind: str = "box") -> None:
+        self.observation_space = self.SPACES[kind]()
+        self.action_space = spaces.Discrete(2)
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.observation_space.seed(int(self.np_random.integers(2**31)))
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.observation_space.sample(), 1.0, self.t >= 2, False, {}
+
+
+def make_scalar_leaves_env(kind: str = "box") -> gym.Env:
+    return ScalarLeavesEnv(kind)
