@@ -927,14 +927,21 @@ cdef object _dec(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, int 
         pos[0] += 2
         if not _plain_numeric(type_num) or nd > 32 or pos[0] + 8 * nd > end:
             raise ValueError("malformed info message")
-        nbytes = cnp.PyArray_DescrFromType(type_num).itemsize
+        empty = False
         for j in range(nd):
             memcpy(&ival, buf + pos[0], 8)
             pos[0] += 8
-            if ival < 0 or (ival and nbytes > (end - pos[0]) // ival):
+            if ival < 0:
                 raise ValueError("malformed info message")
             dims[j] = <cnp.npy_intp>ival
-            nbytes *= ival
+            empty = empty or ival == 0
+        # The data's size, checked against the bytes left as it grows (no overflow); any zero
+        # dimension, even after large ones (a (2, 0) array), makes it 0.
+        nbytes = 0 if empty else cnp.PyArray_DescrFromType(type_num).itemsize
+        for j in range(nd if nbytes else 0):
+            if nbytes > (end - pos[0]) // dims[j]:
+                raise ValueError("truncated info message")
+            nbytes *= dims[j]
         if pos[0] + nbytes > end:
             raise ValueError("truncated info message")
         arr = cnp.PyArray_SimpleNew(nd, dims, type_num)

@@ -198,13 +198,23 @@ class Views:
 # Structured values <-> leaf buffers.  Built once per space; the returned closures run per env.
 # ---------------------------------------------------------------------------------------------
 
-def make_gather(space: spaces.Space, leaves: dict[Path, np.ndarray], copy: bool) -> Callable[[Any], Any]:
+def scalar_float_box(space: spaces.Space) -> bool:
+    """A ``Box`` of shape ``()`` and a float dtype: one env's value is a 0-d array (see _gather)."""
+    return isinstance(space, spaces.Box) and space.shape == () and np.issubdtype(space.dtype, np.floating)
+
+
+def make_gather(space: spaces.Space, leaves: dict[Path, np.ndarray], copy: bool,
+                top_dict: type = dict) -> Callable[[Any], Any]:
     """Returns ``f(index)`` that assembles a structured value from the leaf buffers.
 
     ``index`` is an int (one env) or a slice (a batch).  With ``copy`` the
-    result owns its memory; without, it is a view of the buffers.
+    result owns its memory; without, it is a view of the buffers.  ``top_dict``: the type of a
+    top-level ``Dict``'s value (SB3's vec envs return an ``OrderedDict`` batch).
     """
-    return _gather(space, (), leaves, copy)
+    f = _gather(space, (), leaves, copy)
+    if top_dict is not dict and isinstance(space, spaces.Dict):
+        return lambda i: top_dict(f(i))
+    return f
 
 
 def _gather(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], copy: bool) -> Callable[[Any], Any]:
@@ -218,10 +228,10 @@ def _gather(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], cop
         items = [_gather(s, path + (k,), leaves, copy) for k, s in enumerate(space.spaces)]
         return lambda i: tuple(f(i) for f in items)
     arr = leaves[path]
-    if arr.ndim == 1 and isinstance(space, spaces.Box):
-        # One env's value of a scalar Box as a 0-d array, as the env gave it (Box.sample() and
-        # the envs do): arr[i] would be a numpy scalar.  A Discrete (or a MultiDiscrete of shape
-        # ()) stays a numpy integer, as their sample() gives it.
+    if arr.ndim == 1 and scalar_float_box(space):
+        # One env's value of a scalar float Box as a 0-d array, as Box.sample() gives it (and
+        # envs built on it): arr[i] would be a numpy scalar.  A scalar integer or bool Box, a
+        # Discrete and a MultiDiscrete of shape () stay numpy scalars, as their sample() gives them.
         if copy:
             return lambda i: arr[i, ...].copy()
         return lambda i: arr[i, ...]

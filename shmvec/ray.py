@@ -28,6 +28,7 @@ actors is :class:`shmvec.ray_pool.RayShmEnvPool` (and its SB3 face ``RayShmVecEn
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import pickle
@@ -760,7 +761,7 @@ class RayShmVecEnv(_RayActorGroup, VecEnv):
         first = self._launch(env_fns, n_actors, envs_per_actor, num_cpus_per_actor, placement_group, actor_options,
                              shm_kwargs, timeout, start_timeout, on_failure, max_restarts)
         self._last_obs: list[Any] = [None] * self.n_actors
-        self._concat_obs = _concatenator(first["observation_space"])
+        self._concat_obs = _concatenator(first["observation_space"], top_dict=collections.OrderedDict)
         self._act_space = first["action_space"]
         super().__init__(len(env_fns), first["observation_space"], first["action_space"])
         self.metadata = first["metadata"]
@@ -993,11 +994,12 @@ def _unwrap(exc: ray.exceptions.RayTaskError, hint: str) -> BaseException:
     return cause
 
 
-def _concatenator(space: spaces.Space) -> Callable[[list], Any]:
-    """A function joining the actors' observations (in order) into one batch, per leaf of ``space``."""
+def _concatenator(space: spaces.Space, top_dict: type = dict) -> Callable[[list], Any]:
+    """A function joining the actors' observations (in order) into one batch, per leaf of ``space``;
+    a top-level ``Dict``'s batch is a ``top_dict`` (SB3's vec envs return an ``OrderedDict``)."""
     if isinstance(space, spaces.Dict):
         subs = {key: _concatenator(sub) for key, sub in space.spaces.items()}
-        return lambda parts: {key: f([p[key] for p in parts]) for key, f in subs.items()}
+        return lambda parts: top_dict((key, f([p[key] for p in parts])) for key, f in subs.items())
     if isinstance(space, spaces.Tuple):
         subs_t = [_concatenator(sub) for sub in space.spaces]
         return lambda parts: tuple(f([p[j] for p in parts]) for j, f in enumerate(subs_t))

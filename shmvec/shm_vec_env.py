@@ -6,6 +6,7 @@ The protocol between this class and its workers is written down in
 
 from __future__ import annotations
 
+import collections
 import math
 import multiprocessing as mp
 import numbers
@@ -45,7 +46,7 @@ from shmvec._errors import (
     describe_exitcode,
     unpack_exception,
 )
-from shmvec._layout import Layout, close_mapping, group_by_slice, make_gather, split_envs
+from shmvec._layout import Layout, close_mapping, group_by_slice, make_gather, scalar_float_box, split_envs
 from shmvec._recovery import Recovery
 from shmvec import factories as F
 from shmvec._worker import worker_main
@@ -350,6 +351,8 @@ class ShmVecEnv(Recovery, VecEnv):
     _autoreset: str = P.AUTORESET_SAME_STEP
     _step_actions: tuple | None = None  # step()'s short way, when the spaces allow it (__init__)
     _public_name = "ShmVecEnv"  # the class a user holds (an engine's owner), named in errors
+    # A Dict observation batch is an OrderedDict, as DummyVecEnv and SubprocVecEnv return it.
+    _batch_dict: type = collections.OrderedDict
 
     def __init__(
         self,
@@ -544,8 +547,8 @@ class ShmVecEnv(Recovery, VecEnv):
         self._cmd_words = [(P.word(w, P.CMD_SEQ), P.word(w, P.CMD), P.word(w, P.CMD_SLEEPERS))
                            for w in range(self.n_workers)]
         self._result_words = [(P.word(w, P.STATUS), P.word(w, P.RESULT_LEN)) for w in range(self.n_workers)]
-        self._obs_view = make_gather(obs_space, views.obs, copy=False)
-        self._obs_copy = make_gather(obs_space, views.obs, copy=True)
+        self._obs_view = make_gather(obs_space, views.obs, copy=False, top_dict=self._batch_dict)
+        self._obs_copy = make_gather(obs_space, views.obs, copy=True, top_dict=self._batch_dict)
         self._term_obs = make_gather(obs_space, views.term_obs, copy=True)
         self._act_leaves = list(layout.act_leaves)
         self._act_checks = make_action_checks(act_space, [leaf.path for leaf in layout.act_leaves],
@@ -555,9 +558,8 @@ class ShmVecEnv(Recovery, VecEnv):
         # one action leaf whose batch copy_actions checks and copies in one C call.
         single_obs = list(views.obs) == [()]
         self._obs_leaf = views.obs[()] if single_obs else None
-        # (Not a scalar Box: its row would come back a numpy scalar; _term_obs gives a 0-d array.)
-        scalar_box = isinstance(obs_space, gym.spaces.Box) and obs_space.shape == ()
-        self._term_leaf = views.term_obs[()] if single_obs and not scalar_box else None
+        # (Not a scalar float Box: its row would come back a numpy scalar; _term_obs gives a 0-d array.)
+        self._term_leaf = views.term_obs[()] if single_obs and not scalar_float_box(obs_space) else None
         act_fast = self._act_fast.get(()) if len(self._act_leaves) == 1 else None
         cls = type(self)
         overridden = cls.step_async is not ShmVecEnv.step_async or cls.step_wait is not ShmVecEnv.step_wait

@@ -75,6 +75,8 @@ def gym_vector_seeds(seed: Any, num_envs: int) -> list:
 class _Engine(ShmVecEnv):
     """ShmVecEnv's engine with a chosen worker autoreset mode and a raw step (no SB3 infos)."""
 
+    _batch_dict = dict  # Gymnasium's vector envs return a plain dict batch
+
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], autoreset: str, owner: str = "ShmVectorEnv",
                  **kwargs: Any) -> None:
         self._autoreset = autoreset

@@ -23,6 +23,7 @@ With ``batch_size < num_envs`` the env in row k changes from step to step, so:
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -246,7 +247,10 @@ class ShmVecEnvPool(VecEnv):
     def _sorted(self, obs: Any, infos: dict) -> tuple[Any, np.ndarray, np.ndarray]:
         """The batch's rows sorted by env index: (obs, ids, order); changes nothing."""
         order = np.argsort(infos["env_id"], kind="stable")
-        return _take(obs, order), infos["env_id"][order], order
+        obs = _take(obs, order)
+        if isinstance(obs, dict):
+            obs = collections.OrderedDict(obs)  # as DummyVecEnv returns a Dict batch
+        return obs, infos["env_id"][order], order
 
     def _remember(self, obs: Any, ids: np.ndarray) -> None:
         """The rows just returned: the next step_async's envs, and their observations."""

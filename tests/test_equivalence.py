@@ -477,3 +477,28 @@ def test_flags_returned_as_one_element_arrays_match_dummy():
             assert dones > 0
         finally:
             close_all(env, ref)
+
+
+@pytest.mark.parametrize("kind", ["dict", "tuple"])  # DummyVecEnv refuses nested spaces
+def test_structured_observation_batches_have_the_references_container_types(kind):
+    """A Dict batch is an OrderedDict for SB3's face (DummyVecEnv's, and SubprocVecEnv's);
+    Gymnasium's face returns a plain dict (SyncVectorEnv's)."""
+    from gymnasium.vector import SyncVectorEnv
+
+    from shmvec import ShmVecEnvPool, ShmVectorEnv
+
+    fns = testenvs.spaces_env_fns(kind, "discrete", 3)
+    envs = [DummyVecEnv(fns), ShmVecEnv(fns, n_workers=2, start_method="fork"),
+            ShmVecEnvPool(fns, n_workers=2, start_method="fork"),
+            SyncVectorEnv(fns), ShmVectorEnv(fns, n_workers=2, start_method="fork")]
+    try:
+        containers = []
+        for env in envs:
+            sb3 = not hasattr(env, "single_observation_space") or isinstance(env, ShmVecEnvPool)
+            obs = env.reset() if sb3 else env.reset(seed=1)[0]
+            step = env.step(np.zeros(3, dtype=np.int64))[0]
+            containers.append((type_tree(obs), type_tree(step)))
+        assert containers[1] == containers[0] and containers[2] == containers[0]
+        assert containers[4] == containers[3]
+    finally:
+        close_all(*envs)

@@ -337,6 +337,7 @@ CODEC_VALUES = [
     np.float64(1.25), np.float32(-2.5), np.float16(0.5), np.int64(-7), np.int32(7), np.int8(-1), np.uint8(200),
     np.uint64(2**64 - 1), np.bool_(True), np.complex128(1 + 2j), np.complex64(-1j), np.longdouble(1.5),
     np.arange(6, dtype=np.int32).reshape(2, 3), np.zeros((0, 3)), np.array(3.0), np.ones((2, 2), dtype=bool),
+    np.zeros((2, 0)), {"last": np.zeros((3, 0, 2), dtype=np.int16)},  # a zero after other dims (was "malformed")
     np.arange(4, dtype=np.float32).reshape(1, 2, 2, 1), np.array([1 + 1j], dtype=np.complex64),
     [(5, {"episode": {"r": 20.0, "l": 20, "t": 0.512345}}, {}), (17, {"TimeLimit.truncated": True}, None)],
 ]
@@ -386,7 +387,8 @@ def test_info_codec_declines_too_deep_nesting_and_reports_a_full_buffer():
 
 @pytest.mark.parametrize("data", [b"", b"\x01", b"\x01\x63", b"\x01\x05\x00", b"\x01\x06\xff\xff\xff\xff",
                                   b"\x01\x08\xff\xff\xff\xff", b"\x01\x0b\x0c\x01" + b"\xff" * 8,
-                                  b"\x01\x01\x01", b"\x80\x05"])
+                                  b"\x01\x01\x01", b"\x80\x05",
+                                  b"\x01\x0b\x0c\x02" + (2**40).to_bytes(8, "little") * 2])  # no data for 2**80
 def test_info_codec_rejects_malformed_messages(data):
     with pytest.raises(ValueError):
         decode_infos(data)

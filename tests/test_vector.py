@@ -399,10 +399,11 @@ def _types(value):
     return type(value).__name__, getattr(value, "shape", None), str(getattr(value, "dtype", ""))
 
 
-@pytest.mark.parametrize("kind", ["box", "dict", "tuple"])
+@pytest.mark.parametrize("kind", ["box", "int_box", "dict", "tuple"])
 def test_final_obs_of_scalar_leaves_has_the_references_types(kind):
-    """A scalar Box leaf's final_obs is a 0-d array as the env gave it (was a numpy scalar); a
-    Discrete's a numpy int (SyncVectorEnv); SB3's terminal_observation as DummyVecEnv's."""
+    """One env's value of a scalar Box leaf comes back as Box.sample() gives it: a 0-d array for a
+    float dtype (was a numpy scalar), a numpy scalar for an integer or bool one; a Discrete's a
+    numpy int (as SyncVectorEnv's final_obs); SB3's terminal_observation as DummyVecEnv's."""
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from shmvec import ShmVecEnv

@@ -755,9 +755,11 @@ class ScalarLeavesEnv(gym.Env):
 
     SPACES = {
         "box": lambda: spaces.Box(-1, 1, shape=(), dtype=np.float32),
+        "int_box": lambda: spaces.Box(0, 9, shape=(), dtype=np.int16),
         "dict": lambda: spaces.Dict({"a": spaces.Box(-1, 1, shape=(), dtype=np.float64), "b": spaces.Discrete(3),
                                      "c": spaces.MultiDiscrete(np.array(4))}),
-        "tuple": lambda: spaces.Tuple((spaces.Box(-1, 1, shape=(), dtype=np.float32), spaces.MultiBinary(2))),
+        "tuple": lambda: spaces.Tuple((spaces.Box(-1, 1, shape=(), dtype=np.float32), spaces.MultiBinary(2),
+                                       spaces.Box(0, 1, shape=(), dtype=np.bool_))),
     }
 
     def __init__(self, kind: str = "box") -> None:
