@@ -220,8 +220,7 @@ class ShmEnvPool:
         engine._pipe_call("pool_attach", targets, (pres.shm.name, engine.slices, engine.num_envs, engine.n_workers,
                                                     engine._layout.mailbox_bytes, info_bytes, engine._worker_spin))
         pres.unlink()
-        views = engine._views
-        self._obs_rows = make_gather(engine.observation_space, views.obs, copy=False)
+        self._obs_rows = make_gather(engine.observation_space, engine._views.obs, copy=False)
         self._term_obs = engine._term_obs
 
     # ---- the pool ---------------------------------------------------------------------------------------
@@ -252,10 +251,9 @@ class ShmEnvPool:
         for items in results:
             for i, info in items:
                 self._pending_infos[i] = info
-        views = engine._views
-        views.rew[:] = 0.0
-        views.terminated[:] = False
-        views.truncated[:] = False
+        engine._views.rew[:] = 0.0  # (no local of the views: see _rows)
+        engine._views.terminated[:] = False
+        engine._views.truncated[:] = False
         self._info_len[:] = 0
         try:
             # Every env is ready to be received; interrupted (Ctrl-C) part way, none is, so
@@ -488,25 +486,31 @@ class ShmEnvPool:
                     raise by_env_id(exc, ids) from None
             engine._views.act[leaf.path][ids] = arr.astype(leaf.dtype, copy=False)
 
+    def _payload(self, i: int) -> Any:
+        """Env i's message in its info slot (its infos for this row), or None."""
+        n = int(self._info_len[i])
+        return load_result(self._info_slots[i, :n]) if n else None
+
     def _rows(self, engine: _Engine, idx: np.ndarray):
-        views = engine._views
-        obs = self._obs_rows(idx)  # fancy indexing: arrays of their own
-        rewards = views.rew[idx]
-        terminated = views.terminated[idx]
-        truncated = views.truncated[idx]
+        # Fancy indexing: arrays of their own.  No local keeps a view of a shared segment past
+        # its use: a traceback that keeps this frame (an info Gymnasium cannot batch raises in
+        # ``add``) would keep the segment mapped after close().
+        obs = self._obs_rows(idx)
+        rewards = engine._views.rew[idx]
+        terminated = engine._views.terminated[idx]
+        truncated = engine._views.truncated[idx]
         infos: dict[str, Any] = {}
         add = self._infos._add_info
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
-        lengths, slots, pending = self._info_len, self._info_slots, self._pending_infos
+        pending = self._pending_infos
         # Each row's own dicts, as its env returned them (step info, reset info), for the SB3
         # face (shmvec.vec_env_pool): Gymnasium's batching sizes an array from the first row
         # that has a key, so an int in one env truncates another's float.
         self.row_infos = row_infos = []
         if not self.batch_infos:  # only the final observations batched; infos are the rows' own
             add = _final_obs_only(add)
-        for k, i in enumerate(idx.tolist()):
-            n = int(lengths[i])
-            payload = load_result(slots[i, :n]) if n else None
+        payloads = [self._payload(i) for i in idx.tolist()]
+        for k, (i, payload) in enumerate(zip(idx.tolist(), payloads)):
             reset_info = pending.get(i) if pending else None  # from async_reset; dropped below
             if same_step:
                 info, step_reset_info = payload if payload is not None else ({}, None)

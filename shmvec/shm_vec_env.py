@@ -777,10 +777,11 @@ class ShmVecEnv(Recovery, VecEnv):
     def _step_results(self, results: list[list]) -> VecEnvStepReturn:
         """SB3's (obs, rewards, dones, infos) of the step that just ended; ``results`` are the
         workers' non-empty infos."""
-        views = self._views
+        # No local holds a view of the block while an env's info can raise (one that is not a
+        # dict): a traceback keeping this frame would keep the block mapped after close().
         dones = np.empty(self.num_envs, dtype=bool)
         # dones = terminated | truncated; infos[i] = {"TimeLimit.truncated": truncated and not terminated}
-        infos, done_indices = step_infos(views.terminated, views.truncated, dones)
+        infos, done_indices = step_infos(self._views.terminated, self._views.truncated, dones)
         reset_infos = self.reset_infos
         for i in done_indices:
             reset_infos[i] = {}  # replaced below when the env's reset returned a non-empty info
@@ -800,7 +801,7 @@ class ShmVecEnv(Recovery, VecEnv):
             obs = self._obs_leaf.copy() if self._obs_leaf is not None else self._obs_copy(slice(None))
         if self._restart:
             self._remember_obs(obs)
-        return obs, views.rew.astype(np.float32), dones, infos
+        return obs, self._views.rew.astype(np.float32), dones, infos
 
     def close(self) -> None:
         """Stops the workers and frees the shared memory.  Idempotent, bounded in time.

@@ -262,10 +262,11 @@ class ShmVectorEnv(VectorEnv):
     def _step_return(self, engine: _Engine, results: list[list], mode: AutoresetMode) -> tuple:
         """``step``'s return for the step just collected; run again if a Ctrl-C cut it short (the
         bookkeeping, ``_ended``, takes the same envs twice)."""
-        views = engine._views
-        terminated = views.terminated.copy()
-        truncated = views.truncated.copy()
-        rewards = views.rew.copy()
+        # Copies; no local keeps a view of the shared block: a traceback that keeps this frame
+        # (an info Gymnasium's _add_info cannot batch raises below) would keep it mapped after close().
+        terminated = engine._views.terminated.copy()
+        truncated = engine._views.truncated.copy()
+        rewards = engine._views.rew.copy()
         infos: dict[str, Any] = {}
         if mode == AutoresetMode.SAME_STEP:
             by_env = {i: (info, reset_info) for items in results for i, info, reset_info in items}
@@ -344,8 +345,7 @@ class ShmVectorEnv(VectorEnv):
                     "(it finishes the step and drops it), or close()")
             engine._complete_step()  # raises what the step raised (the env is then broken)
             if self.autoreset_mode == AutoresetMode.DISABLED:  # the envs that ended in it still need a reset
-                views = engine._views
-                self._ended |= views.terminated | views.truncated
+                self._ended |= engine._views.terminated | engine._views.truncated
             engine.waiting = False
         return engine
 

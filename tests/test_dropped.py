@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -186,3 +187,54 @@ def test_first_failure_stores_the_detached_copy():
     assert holder._broken is not exc and str(holder._broken) == str(exc)
     holder._broken = None
     assert holder._broken is None
+
+
+def _shm_fds() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/dev/shm/"):
+            out.append(f"{fd} -> {target}")
+    return out
+
+
+def _vector_bad_info():
+    env = ShmVectorEnv([functools.partial(testenvs.make_unbatchable_info_env, i) for i in range(2)], n_workers=2,
+                       start_method="fork")
+    env.reset(seed=0)
+    return env, lambda: [env.step(np.zeros(2, dtype=np.int64)) for _ in range(3)]
+
+
+def _pool_bad_info():
+    env = ShmEnvPool([functools.partial(testenvs.make_unbatchable_info_env, i) for i in range(2)], n_workers=2,
+                     start_method="fork")
+    env.reset(seed=0)
+    return env, lambda: [env.step(np.zeros(2, dtype=np.int64)) for _ in range(3)]
+
+
+def _sb3_list_info():
+    env = ShmVecEnv([functools.partial(testenvs.make_list_info_env, i) for i in range(2)], n_workers=2,
+                    start_method="fork")
+    env.reset()
+    return env, lambda: [env.step(np.zeros(2, dtype=np.int64)) for _ in range(3)]
+
+
+@pytest.mark.parametrize("build", [_vector_bad_info, _pool_bad_info, _sb3_list_info],
+                         ids=["ShmVectorEnv", "ShmEnvPool", "ShmVecEnv"])
+def test_an_exception_kept_after_close_does_not_keep_the_shared_memory_mapped(build):
+    """An error raised in the parent while a step's return is built (an info Gymnasium cannot
+    batch, or one SB3 cannot take), kept by the caller (as ``pytest.raises`` keeps it) past
+    ``close()``: no frame of its traceback holds a view of a shared block, so close() unmaps it."""
+    env, step = build()
+    kept = None
+    try:
+        step()
+    except (ValueError, TypeError) as exc:
+        kept = exc
+    finally:
+        env.close()
+    assert kept is not None and kept.__traceback__ is not None, "the step did not raise"
+    assert _shm_fds() == []

@@ -780,3 +780,9 @@ class ScalarLeavesEnv(gym.Env):
 
 def make_scalar_leaves_env(kind: str = "box") -> gym.Env:
     return ScalarLeavesEnv(kind)
+
+
+def make_unbatchable_info_env(index: int = 0) -> gym.Env:
+    """At step 2, env i's info["k"] is an array of 2 + i ones: Gymnasium's _add_info, which
+    sizes its batch from the first env with the key, cannot batch them (ValueError)."""
+    return InfoAtEnv({"k": np.ones(2 + index)}, tag=index)
