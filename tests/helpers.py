@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+import shmvec
+
+
+def pythonpath(*extra: str | Path) -> str:
+    """PYTHONPATH for a subprocess that must import the shmvec these tests import (the checkout
+    when installed editable, site-packages when installed from a wheel), then ``extra``.  Not the
+    checkout itself: without an in-place build it has no compiled ``shmvec._core``."""
+    parts = [str(Path(shmvec.__file__).resolve().parents[1]), *map(str, extra), os.environ.get("PYTHONPATH", "")]
+    return os.pathsep.join(p for p in parts if p)
 
 
 def assert_same(a: Any, b: Any, path: str = "value", ignore: frozenset[str] = frozenset(),

@@ -25,6 +25,8 @@ from shmvec._bench.envs import EnvFactory, check_env_name, obs_nbytes
 from shmvec._bench.measures import ACTION_BATCHES, Ceiling, Stepper, median_ratio, side_by_side, tree_memory
 from shmvec._bench.remote import RemoteBackend, RemoteError
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout: bench/ scripts
+
 BENCH_ENVS = ["CartPole-v1", "CartPole-monitor", "busy-50us", "image-84x84x4", "image-210x160x3", "CartPole-info",
               "dict-obs", "zero-cost"]
 TINY = ["--seconds", "0.2", "--rounds", "2", "--quiet"]
@@ -272,9 +274,8 @@ def test_cli_plot_writes_pngs(measured, tmp_path):
     # In a process of its own: matplotlib keeps its font files open for the life of the process.
     pytest.importorskip("matplotlib")
     _, out, _ = measured
-    root = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
     done = subprocess.run([sys.executable, "-m", "shmvec.bench", "--from-json", str(out), "--plot", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, cwd=root)
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     for name in ("throughput.png", "footprint.png"):
         data = (tmp_path / name).read_bytes()
@@ -427,7 +428,7 @@ def test_preset_targets_and_bad_points(capsys):
 def test_step_timeline_stamps_every_interval():
     """bench/step_timeline.py (in a process of its own: it wraps ShmVecEnv's methods while it runs):
     every interval is there, the bodies and the period are positive, and the period holds the body."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
+    root = ROOT
     done = subprocess.run([sys.executable, os.path.join("bench", "step_timeline.py"), "--n-envs", "6", "--steps", "80",
                            "--n-workers", "2", "--json"], capture_output=True, text=True, timeout=120, cwd=root)
     assert done.returncode == 0, done.stderr
@@ -441,7 +442,7 @@ def test_step_timeline_stamps_every_interval():
 
 
 def _load_bench_script(name: str):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
+    root = ROOT
     spec = importlib.util.spec_from_file_location(f"_bench_{name}", os.path.join(root, "bench", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

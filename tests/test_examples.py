@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import pythonpath
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 HAVE_ATARI = all(importlib.util.find_spec(name) is not None for name in ("ale_py", "cv2"))
@@ -17,7 +19,7 @@ HAVE_ATARI = all(importlib.util.find_spec(name) is not None for name in ("ale_py
 
 def run_example(name: str, *args: str, timeout: float = 150.0) -> str:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = pythonpath()
     proc = subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
     assert proc.returncode == 0, f"{name} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"

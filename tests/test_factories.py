@@ -25,7 +25,7 @@ from stable_baselines3.common.monitor import Monitor
 
 import factory_envs
 import testenvs
-from helpers import assert_same
+from helpers import assert_same, pythonpath
 from shmvec import ShmVecEnv
 from shmvec.factories import (
     DescriptionError,
@@ -37,7 +37,6 @@ from shmvec.factories import (
     make_env,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 HEAVY = ("torch", "stable_baselines3")
 
@@ -45,7 +44,7 @@ HEAVY = ("torch", "stable_baselines3")
 def run_script(path: Path, timeout: float = 150.0) -> subprocess.CompletedProcess:
     """Runs ``python path`` in a fresh interpreter that imports this checkout of shmvec."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = pythonpath(TESTS)
     return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=timeout,
                           cwd=str(path.parent), env=env)
 

@@ -20,7 +20,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers import vector as vw
 
 import testenvs
-from helpers import assert_same, close_all
+from helpers import assert_same, close_all, pythonpath
 from shmvec import ShmVecEnvError, ShmVectorEnv, make_vec
 from shmvec._errors import ClosedVecEnvError
 
@@ -348,7 +348,7 @@ def test_cleanrl_ppo_example_runs():
     """examples/cleanrl_ppo.py trains on ShmVectorEnv for a few iterations (a real subprocess)."""
     root = Path(__file__).resolve().parents[1]
     script = root / "examples" / "cleanrl_ppo.py"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=pythonpath())
     proc = subprocess.run(
         [sys.executable, str(script), "--total-timesteps", "2048", "--num-envs", "8", "--num-steps", "64",
          "--n-workers", "2", "--update-epochs", "2", "--seed", "1"],
