@@ -114,8 +114,20 @@ def resolve(ref: str | Callable) -> Callable:
 
 
 def _as_ref(obj: str | Callable) -> str | Callable:
-    """An import string for ``obj`` where it has one, else ``obj`` itself (sent with cloudpickle)."""
+    """An import string for ``obj`` where it has one, else ``obj`` itself (sent with cloudpickle).
+
+    A ``"__main__:Name"`` string (``gym.register(entry_point="__main__:MyEnv")``, as tutorials
+    write it) is resolved here, in the parent: a spawned or forkserver worker's ``__main__`` is
+    not the notebook's, ``python -c``'s or stdin's, and would not have ``Name``.  The object then
+    travels by value.
+    """
     if isinstance(obj, str):
+        if obj.startswith("__main__:"):
+            found: Any = sys.modules.get("__main__")
+            for part in obj.split(":", 1)[1].split("."):
+                found = getattr(found, part, None)
+            if callable(found):
+                return import_string(found) or found
         return obj
     return import_string(obj) or obj
 

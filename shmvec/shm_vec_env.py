@@ -14,6 +14,7 @@ import os
 import pickle
 import secrets
 import select
+import sys
 import time
 import warnings
 import weakref
@@ -1147,6 +1148,11 @@ class ShmVecEnv(Recovery, VecEnv):
     def _death_hint(self, exitcode: int | None) -> str:
         """What usually makes a worker die with ``exitcode``."""
         if exitcode == 1 and self._constructing and self.start_method != "fork":
+            main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+            if isinstance(main_file, str) and not os.path.exists(main_file):  # "<stdin>": python - < script.py
+                return (f"Exit code 1 while starting: your main module is {main_file!r}, which a {self.start_method} "
+                        "worker re-imports and cannot (its FileNotFoundError is on stderr). Save the script to a "
+                        "file and run that, or use start_method=\"fork\".")
             return ("Exit code 1 while starting, before the worker could report an error, is an exception raised "
                     f"while it imported your main module ({self.start_method} re-imports it; its traceback is on "
                     "stderr): most often the code that builds the vec env is not under "

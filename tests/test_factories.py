@@ -244,6 +244,56 @@ def test_env_registered_at_run_time_in_main_works_under_spawn_and_forkserver(tmp
         result["describe_main_class"]
 
 
+_INTERACTIVE_MAIN_ENTRY = """
+import json
+import numpy as np, gymnasium as gym
+from gymnasium import spaces
+from shmvec import ShmVecEnv, make_env
+
+class MyEnv(gym.Env):
+    observation_space = spaces.Box(0, 1, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+    def step(self, a):
+        return np.ones(2, np.float32), 1.0, False, False, {}
+
+gym.register(id="MainString-v0", entry_point="__main__:MyEnv", max_episode_steps=5)
+out = {}
+for method in ("spawn", "forkserver"):
+    env = ShmVecEnv([make_env("MainString-v0")] * 2, start_method=method)
+    try:
+        env.reset()
+        out[method] = env.step(np.zeros(2, dtype=np.int64))[1].tolist()
+    finally:
+        env.close()
+print(json.dumps(out))
+"""
+
+
+def test_a_main_string_entry_point_registered_in_an_interactive_session_works_under_spawn():
+    """``gym.register(entry_point="__main__:MyEnv")`` (the tutorials' string form) in ``python -c``,
+    a notebook or stdin: a spawned worker's ``__main__`` has no ``MyEnv``; make_env resolves the
+    string in the parent and sends the class by value (was: AttributeError in the worker)."""
+    proc = subprocess.run([sys.executable, "-c", _INTERACTIVE_MAIN_ENTRY], capture_output=True, text=True,
+                          timeout=150, env=dict(os.environ, PYTHONPATH=pythonpath(TESTS)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout) == {"spawn": [1.0, 1.0], "forkserver": [1.0, 1.0]}
+
+
+def test_a_script_piped_through_stdin_under_spawn_gets_an_error_that_says_why():
+    """``python - < train.py``: a spawned worker re-imports ``__main__`` from "<stdin>", which is no
+    file; the error says so (it used to blame a missing ``__main__`` guard, which is there)."""
+    script = ("import numpy as np\nfrom shmvec import ShmVecEnv, make_env\n"
+              "if __name__ == '__main__':\n    ShmVecEnv([make_env('CartPole-v1')] * 2, start_method='spawn')\n")
+    proc = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=150,
+                          env=dict(os.environ, PYTHONPATH=pythonpath(TESTS)))
+    assert proc.returncode != 0
+    assert "WorkerDiedError" in proc.stderr and "'<stdin>'" in proc.stderr and "Save the script" in proc.stderr
+    assert "__main__\":`" not in proc.stderr.splitlines()[-1]
+
+
 def test_closures_partials_and_make_vec_env_keep_working_under_spawn():
     scale = 3
 
