@@ -196,7 +196,7 @@ def _shm_fds() -> list[str]:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        if target.startswith("/dev/shm/"):
+        if target.startswith("/dev/shm/shmvec"):  # ours (not multiprocessing's pym-* arenas)
             out.append(f"{fd} -> {target}")
     return out
 
