@@ -154,21 +154,18 @@ def detached(exc: BaseException, depth: int = 0) -> BaseException:
 class FirstFailure:
     """A data descriptor for a vec env's ``_broken``: stores what :func:`detached` gives.
 
-    Reading it is a dictionary lookup behind a call (about 0.05 us; a step reads it once or
-    twice).  Raise the exception you created, not ``self._broken`` read back: that is the copy,
-    and raising it would give it the traceback (and the cycle) the copy exists to avoid.
+    It has no ``__get__``: a read finds the value in the instance's ``__dict__``, as a plain
+    attribute (the step's short way reads it every step), so the owner's ``__init__`` must set
+    it (to None) before anything else; unset, a read gives this descriptor.  Raise the exception
+    you created, not ``self._broken`` read back: that is the copy, and raising it would give it
+    the traceback (and the cycle) the copy exists to avoid.
     """
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.key = f"{name}_detached"
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        return obj.__dict__.get(self.key)
+        self.name = name
 
     def __set__(self, obj: Any, exc: BaseException | None) -> None:
-        obj.__dict__[self.key] = None if exc is None else detached(exc)
+        obj.__dict__[self.name] = None if exc is None else detached(exc)
 
 
 def broken_by(vec_env: Any, exc: BaseException) -> BaseException:

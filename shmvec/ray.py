@@ -748,6 +748,7 @@ class RayShmVecEnv(_RayActorGroup, VecEnv):
         on_failure: str = "raise",
         max_restarts: int | None = 100,
     ) -> None:
+        self._broken = None  # first: read as a plain attribute (FirstFailure)
         self._config = {k: v for k, v in locals().items() if k not in ("self", "env_fns", "__class__")}
         shm_kwargs = dict(shm_kwargs or {})
         # Views are safe here: Ray serializes a method's result as it returns, before the next

@@ -118,6 +118,7 @@ class RayShmEnvPool(_RayActorGroup):
         timeout: float | None = None,
         start_timeout: float | None = 120.0,
     ) -> None:
+        self._broken = None  # first: read as a plain attribute (FirstFailure)
         env_fns = list(env_fns)
         mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
         if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):

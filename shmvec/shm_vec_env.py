@@ -373,6 +373,7 @@ class ShmVecEnv(Recovery, VecEnv):
         preload: Sequence[str] | None = None,
         action_masks: bool | None = None,
     ) -> None:
+        self._broken = None  # first: read as a plain attribute (FirstFailure)
         # Checked once, here: a wrong type would otherwise fail in a worker, or be coerced silently.
         n_workers = _whole("n_workers", n_workers, 1)
         envs_per_worker = _whole("envs_per_worker", envs_per_worker, 1)
