@@ -177,13 +177,19 @@ def find_leaks(before: Snapshot, grace_s: float = GRACE_S) -> list[str]:
 def session_tempdir(tmp_path_factory):
     """Every ``model.learn()`` makes an (empty) ``SB3-<date>`` logger folder in the temp dir;
     thousands of runs of the suite left thousands in /tmp.  They go to pytest's own temp
-    folder instead, which pytest prunes (it keeps the last three runs)."""
+    folder instead, which pytest prunes (it keeps the last three runs).  ``SB3_LOGDIR`` (SB3's own
+    variable for that folder) sends the scripts that tests run in subprocesses there too."""
     import tempfile
 
-    before = tempfile.tempdir
+    before, before_env = tempfile.tempdir, os.environ.get("SB3_LOGDIR")
     tempfile.tempdir = str(tmp_path_factory.mktemp("tempdir"))
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3_logs"))
     yield
     tempfile.tempdir = before
+    if before_env is None:
+        os.environ.pop("SB3_LOGDIR", None)
+    else:
+        os.environ["SB3_LOGDIR"] = before_env
 
 
 @pytest.fixture(autouse=True)

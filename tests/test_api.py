@@ -1021,7 +1021,8 @@ if __name__ == "__main__":
 def test_workers_exit_when_the_parent_dies(tmp_path, method):
     script = tmp_path / "parent.py"
     script.write_text(_ORPHAN_SCRIPT.format(tests=os.path.dirname(__file__), method=method))
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})  # a killed parent's pymp-* folder
     try:
         line = parent.stdout.readline()
         pids = [int(p) for p in line.split()]

@@ -712,7 +712,8 @@ if __name__ == "__main__":
 def test_restarted_workers_exit_when_the_parent_dies_and_no_segment_remains(tmp_path, method):
     script = tmp_path / "parent.py"
     script.write_text(_ORPHAN_AFTER_RESTART.format(tests=_TESTS, root=os.path.dirname(_TESTS), method=method))
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})  # a killed parent's pymp-* folder
     try:
         pids = [int(p) for p in parent.stdout.readline().split()]
         assert len(pids) == 2

@@ -266,6 +266,33 @@ def test_attribute_and_method_calls_reach_the_right_env(cluster):
         close_all(env)
 
 
+@pytest.mark.parametrize("kind", ["vec_env", "pool"])
+def test_close_leaves_no_multiprocessing_temp_folder_on_the_nodes(cluster, tmp_path, kind):
+    """Each actor's forkserver keeps its socket in a ``pymp-*`` folder that multiprocessing removes
+    at exit, and ``ray.kill`` runs no exit handler: every actor left one in /tmp.  The actors'
+    temp dir is pointed at ``tmp_path`` here, so the folders can be seen and counted."""
+    env_vars = {"PYTHONPATH": TESTS_DIR, "TMPDIR": str(tmp_path)}
+    fns = testenvs.spaces_env_fns("box", "discrete", 4)
+    env = None
+    try:
+        if kind == "vec_env":
+            env = RayShmVecEnv(fns, n_actors=2, actor_options={"runtime_env": {"env_vars": env_vars}})
+            env.reset()
+            env.step(np.zeros(4, dtype=np.int64))
+        else:
+            env = RayShmEnvPool(fns, n_actors=2, batch_size=2,
+                                actor_options={"runtime_env": {"env_vars": env_vars}})
+            env.reset()
+        pids = [info["pid"] for info in env.actor_info]
+        workers = [w for pid in pids for w in _workers_of(pid)]
+        folders = sorted(p.name for p in tmp_path.glob("pymp-*"))
+        assert len(folders) == 2, folders  # one per actor: the check below can see them
+    finally:
+        close_all(env)
+    _wait_gone(pids + workers)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_a_broken_ray_vec_env_dropped_without_close_is_freed_at_once(cluster):
     """As tests/test_dropped.py: no reference cycle through the failure it keeps (GC off)."""
     import gc
