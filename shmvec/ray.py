@@ -60,6 +60,7 @@ from shmvec._errors import (
     ShmVecEnvError,
     SpaceError,
     TooManyRestartsError,
+    Uncopyable,
     WorkerDiedError,
     WorkerRestartWarning,
     WorkerTimeoutError,
@@ -259,7 +260,7 @@ def _remove_multiprocessing_tempdir() -> None:
                 pass
 
 
-class _RayActorGroup:
+class _RayActorGroup(Uncopyable):
     """Ray actors, each running a local shmvec engine over one contiguous slice of the envs.
 
     What RayShmVecEnv and :class:`shmvec.ray_pool.RayShmEnvPool` share: placement, start,

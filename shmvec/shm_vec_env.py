@@ -41,6 +41,7 @@ from shmvec._errors import (
     NoAsyncCallError,
     ShmVecEnvError,
     SpaceError,
+    Uncopyable,
     WorkerDiedError,
     WorkerTimeoutError,
     broken_by,
@@ -264,7 +265,7 @@ def _whole(name: str, value: Any, minimum: int) -> int | None:
     return value
 
 
-class ShmVecEnv(Recovery, VecEnv):
+class ShmVecEnv(Uncopyable, Recovery, VecEnv):
     """A vectorized environment whose workers step slices of the envs in shared memory.
 
     A drop-in for SB3's ``SubprocVecEnv``::

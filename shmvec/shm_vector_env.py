@@ -19,6 +19,7 @@ from gymnasium.vector.utils import batch_space
 
 from shmvec import _protocol as P
 from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, ShmVecEnvError
+from shmvec._errors import Uncopyable
 from shmvec.shm_vec_env import ShmVecEnv
 
 _WORKER_MODE = {
@@ -94,7 +95,7 @@ class _Engine(ShmVecEnv):
         return self._complete_step()
 
 
-class ShmVectorEnv(VectorEnv):
+class ShmVectorEnv(Uncopyable, VectorEnv):
     """A ``gymnasium.vector.VectorEnv`` whose workers step slices of the envs in shared memory.
 
     A drop-in where ``gymnasium.vector.AsyncVectorEnv`` or ``SyncVectorEnv`` is used::

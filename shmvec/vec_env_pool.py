@@ -35,6 +35,7 @@ from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, NoAsyncCallError
+from shmvec._errors import Uncopyable
 from shmvec.env_pool import ShmEnvPool
 
 
@@ -54,7 +55,7 @@ def _take(value: Any, order: np.ndarray) -> Any:
     return value[order]
 
 
-class ShmVecEnvPool(VecEnv):
+class ShmVecEnvPool(Uncopyable, VecEnv):
     """An SB3 ``VecEnv`` of ``batch_size`` rows over an asynchronous pool of ``len(env_fns)`` envs.
 
     :param env_fns: callables that each build a new ``gymnasium.Env``.

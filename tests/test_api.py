@@ -351,6 +351,56 @@ def test_garbage_collection_of_an_unclosed_env_releases_everything():
     gc.collect()  # the leak check of conftest verifies that workers, fds and memory are gone
 
 
+@pytest.mark.parametrize("kind", ["ShmVecEnv", "ShmVectorEnv", "ShmEnvPool", "ShmVecEnvPool"])
+def test_copy_deepcopy_and_pickle_are_refused_and_the_env_goes_on(kind):
+    """A shallow copy shared the workers and blocks, and dropping it closed the original (which
+    then failed with "Words used after release()"); deepcopy and pickle failed on
+    multiprocessing's AuthenticationString.  Each now raises a TypeError that says what to do."""
+    import copy
+    import pickle
+
+    import shmvec
+
+    fns = testenvs.bare_env_fns(3)
+    env = getattr(shmvec, kind)(fns, n_workers=2, start_method="fork")
+    try:
+        rebuild = "describe" if kind == "ShmVecEnv" else "same env factories"
+        for attempt in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError, match=rf"a {kind} cannot be copied or pickled(.|\n)*{rebuild}"):
+                attempt(env)
+        gc.collect()
+        if kind == "ShmVecEnv":
+            env.reset()
+            env.step(_discrete_actions(3))
+        elif kind == "ShmVectorEnv":
+            env.reset(seed=0)
+            env.step(_discrete_actions(3))
+        elif kind == "ShmEnvPool":
+            env.async_reset()
+            env.recv()
+        else:
+            env.reset()
+            env.step(_discrete_actions(3))
+    finally:
+        env.close()
+
+
+def test_sb3_wrappers_around_a_shmvecenv_still_pickle_without_it():
+    """VecNormalize.save pickles the wrapper and leaves the vec env out, as for SubprocVecEnv."""
+    import pickle
+
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    env = VecNormalize(ShmVecEnv(testenvs.bare_env_fns(3), n_workers=2, start_method="fork"))
+    try:
+        env.reset()
+        env.step(_discrete_actions(3))
+        loaded = pickle.loads(pickle.dumps(env))
+        assert loaded.obs_rms.count == env.obs_rms.count
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize("bad", [
     np.zeros(4, dtype=np.int64),  # one action too many
     np.zeros(2, dtype=np.int64),  # one too few

@@ -287,6 +287,12 @@ def test_close_leaves_no_multiprocessing_temp_folder_on_the_nodes(cluster, tmp_p
         workers = [w for pid in pids for w in _workers_of(pid)]
         folders = sorted(p.name for p in tmp_path.glob("pymp-*"))
         assert len(folders) == 2, folders  # one per actor: the check below can see them
+        import copy
+        import pickle
+
+        for attempt in (copy.copy, copy.deepcopy, pickle.dumps):  # a copy would kill the actors when dropped
+            with pytest.raises(TypeError, match=f"a {type(env).__name__} cannot be copied or pickled"):
+                attempt(env)
     finally:
         close_all(env)
     _wait_gone(pids + workers)
