@@ -440,13 +440,14 @@ def format_markdown(results: dict[str, Any]) -> str:
            + f"; {c['seconds']:g} s per backend and point in {c['rounds']} alternating rounds, "
            f"{c['workers']} workers, start method {c['start_method']}.", ""]
     backends = list(dict.fromkeys(p["backend"] for p in results["points"]))
-    out.append("Env steps/s (x DummyVecEnv, median of per-round ratios); limit = "
-               f"{results['limit_cores']} cores x one env in a bare loop; ceiling = "
-               f"{results['limit_cores']} bare loops at once, in the same rounds.")
-    out.append("")
     ceilings = {(c["env"], c["n_envs"]): c["steps_per_s"] for c in results.get("ceiling", [])}
-    out.append("| env | n_envs | " + " | ".join(backends) + " | limit | ceiling |")
-    out.append("|---|---:|" + "---:|" * (len(backends) + 2))
+    # A run without the ceiling (an older results file, or none measured) has no such column.
+    out.append("Env steps/s (x DummyVecEnv, median of per-round ratios); limit = "
+               f"{results['limit_cores']} cores x one env in a bare loop"
+               + (f"; ceiling = {results['limit_cores']} bare loops at once, in the same rounds." if ceilings else "."))
+    out.append("")
+    out.append("| env | n_envs | " + " | ".join(backends) + " | limit |" + (" ceiling |" if ceilings else ""))
+    out.append("|---|---:|" + "---:|" * (len(backends) + 1 + bool(ceilings)))
     for env in results["bare"]:
         for n in sorted({p["n_envs"] for p in results["points"] if p["env"] == env}):
             cells = []
@@ -458,8 +459,8 @@ def format_markdown(results: dict[str, Any]) -> str:
                     cell = f"{_k(p['steps_per_s'])} ({_ratio(p['ratio_to_dummy'])})"
                     cells.append(f"**{cell}**" if b == OURS else cell)
             ceiling = ceilings.get((env, n))
-            out.append(f"| {env} | {n} | " + " | ".join(cells) + f" | {_k(results['limit'][env])} | "
-                       + ("-" if ceiling is None else _k(ceiling)) + " |")
+            out.append(f"| {env} | {n} | " + " | ".join(cells) + f" | {_k(results['limit'][env])} |"
+                       + ((" - |" if ceiling is None else f" {_k(ceiling)} |") if ceilings else ""))
     out.append("")
     out.append(f"{OURS} against each peer (median of per-round ratios; above 1: {OURS} is faster):")
     out.append("")

@@ -3,7 +3,7 @@
 ``num_envs`` envs, of which ``batch_size`` come back at a time::
 
     pool = ShmEnvPool(env_fns, batch_size=16)          # num_envs = len(env_fns), e.g. 64
-    obs, rew, term, trunc, infos = pool.reset(seed=0)  # the first batch_size envs to be ready
+    obs, infos = pool.reset(seed=0)                    # the first batch_size envs to be ready
     while True:
         actions = policy(obs)
         pool.send(actions, infos["env_id"])            # they step in the workers...

@@ -270,6 +270,17 @@ def test_cli_from_json_prints_markdown(measured, capsys):
     assert "| backend | median | p90 |" in text
 
 
+def test_docs_results_md_is_what_the_readme_command_makes_of_results_json(capsys):
+    """README: ``python -m shmvec.bench --from-json docs/results.json --markdown > docs/results.md``.
+    That results file predates the ceiling, so its tables have no ceiling column."""
+    docs = os.path.join(ROOT, "docs")
+    if not os.path.exists(os.path.join(docs, "results.json")):
+        pytest.skip("no docs/ here (an installed sdist's tests)")
+    assert bench.main(["--from-json", os.path.join(docs, "results.json"), "--markdown"]) == 0
+    with open(os.path.join(docs, "results.md")) as f:
+        assert capsys.readouterr().out == f.read()
+
+
 def test_cli_plot_writes_pngs(measured, tmp_path):
     # In a process of its own: matplotlib keeps its font files open for the life of the process.
     pytest.importorskip("matplotlib")

@@ -25,8 +25,9 @@ answer is mapped to shmvec's before the comparison.
   ``DummyVecEnv`` stores ``truncated and not terminated``, an ``np.bool_`` where the env's
   flags are numpy bools.
 - Infos on shmvec's pickle path go through numpy's pickling: an ``np.longlong`` arrives as
-  ``np.int64`` (``np.ulonglong``: ``np.uint64``) and a byte-swapped array in native byte order,
-  values equal (README, "Infos").
+  ``np.int64`` (``np.ulonglong``: ``np.uint64``), and a byte-swapped array that is not
+  contiguous in native byte order (a contiguous one keeps its order), values equal (README,
+  "Infos"; the comparison below sets byte order aside).
 
 The default run is a fixed set of cases (seeds ``SHMVEC_FUZZ_SEED`` = 1000 and on), one test each,
 named ``seed<seed>-<face>-<start method>``; the seed alone fixes the case.  Longer runs::
