@@ -26,7 +26,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 import faultenvs
 import testenvs
-from helpers import assert_same
+from helpers import SHMVEC_ROOT, assert_same
 from shmvec import (
     BrokenVecEnvError,
     InvalidActionError,
@@ -220,7 +220,7 @@ if __name__ == "__main__":
 def test_ctrl_c_during_step_wait_leaves_no_worker_and_no_segment(tmp_path, method):
     """A real Ctrl-C: SIGINT to the whole process group, as a terminal sends it."""
     script = tmp_path / "ctrl_c.py"
-    script.write_text(_CTRL_C_SCRIPT.format(tests=_TESTS, root=os.path.dirname(_TESTS), method=method))
+    script.write_text(_CTRL_C_SCRIPT.format(tests=_TESTS, root=SHMVEC_ROOT, method=method))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
@@ -711,7 +711,7 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("method", ["forkserver"])  # not fork: the new worker must not inherit the segment
 def test_restarted_workers_exit_when_the_parent_dies_and_no_segment_remains(tmp_path, method):
     script = tmp_path / "parent.py"
-    script.write_text(_ORPHAN_AFTER_RESTART.format(tests=_TESTS, root=os.path.dirname(_TESTS), method=method))
+    script.write_text(_ORPHAN_AFTER_RESTART.format(tests=_TESTS, root=SHMVEC_ROOT, method=method))
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "TMPDIR": str(tmp_path)})  # a killed parent's pymp-* folder
     try:
@@ -968,7 +968,7 @@ def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
     """spawn re-imports the main module in the worker, which then tries to start a worker of its
     own and exits with code 1: the error named native crashes and the OOM killer."""
     script = tmp_path / "no_guard.py"
-    script.write_text(_NO_GUARD_SCRIPT.format(tests=_TESTS, root=os.path.dirname(_TESTS)))
+    script.write_text(_NO_GUARD_SCRIPT.format(tests=_TESTS, root=SHMVEC_ROOT))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "WorkerDiedError" in proc.stderr and "exit code 1" in proc.stderr, proc.stderr[-2000:]
