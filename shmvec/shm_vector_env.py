@@ -18,8 +18,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from shmvec import _protocol as P
-from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, ShmVecEnvError
-from shmvec._errors import Uncopyable
+from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, ShmVecEnvError, Uncopyable
 from shmvec.shm_vec_env import ShmVecEnv
 
 _WORKER_MODE = {
