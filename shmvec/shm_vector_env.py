@@ -19,7 +19,7 @@ from gymnasium.vector.utils import batch_space
 
 from shmvec import _protocol as P
 from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, ShmVecEnvError, Uncopyable
-from shmvec.shm_vec_env import ShmVecEnv
+from shmvec._vec_core import VecBase, VecCore
 
 _WORKER_MODE = {
     AutoresetMode.NEXT_STEP: P.AUTORESET_NEXT_STEP,
@@ -72,8 +72,10 @@ def gym_vector_seeds(seed: Any, num_envs: int) -> list:
     return seeds
 
 
-class _Engine(ShmVecEnv):
-    """ShmVecEnv's engine with a chosen worker autoreset mode and a raw step (no SB3 infos)."""
+class _Engine(VecCore, VecBase):
+    """ShmVecEnv's engine with a chosen worker autoreset mode and a raw step (no SB3 infos), over
+    :class:`shmvec._vec_core.VecBase` instead of SB3's ``VecEnv``: no SB3, so no torch, in the
+    parent of a Gymnasium vector env or a pool."""
 
     _batch_dict = dict  # Gymnasium's vector envs return a plain dict batch
 

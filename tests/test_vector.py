@@ -347,6 +347,98 @@ def test_gymnasium_vector_wrappers_on_top():
         close_all(env, ref)
 
 
+_NO_SB3_SCRIPT = """
+import sys
+import numpy as np
+import gymnasium as gym
+from shmvec import ShmEnvPool, ShmVectorEnv, make_vec
+
+if __name__ == "__main__":
+    envs = make_vec("CartPole-v1", num_envs=4, vector_kwargs={"n_workers": 2})
+    envs.reset(seed=0)
+    envs.step(np.zeros(4, dtype=np.int64))
+    print(envs.render_mode, envs.metadata["render_modes"] if "render_modes" in envs.metadata else None)
+    envs.close()
+    pool = ShmEnvPool([lambda: gym.make("CartPole-v1")] * 4, batch_size=2, n_workers=2)
+    obs, infos = pool.reset(seed=0)
+    pool.send(np.zeros(2, dtype=np.int64), infos["env_id"])
+    pool.recv()
+    pool.close()
+    print(sorted(m for m in ("torch", "stable_baselines3") if m in sys.modules))
+"""
+
+
+def test_gymnasium_face_and_pool_import_neither_sb3_nor_torch(tmp_path):
+    """Their engine runs over shmvec._vec_core.VecBase, not SB3's VecEnv: a Gymnasium user's
+    process does not pay for importing SB3 and torch (about 1.2 s and 200 MB)."""
+    script = tmp_path / "gym_only.py"
+    script.write_text(_NO_SB3_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=pythonpath()))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "[]", proc.stdout
+
+
+@pytest.mark.parametrize("render_mode", [None, "rgb_array"])
+def test_vec_base_does_what_sb3_vec_env_does(render_mode):
+    """VecBase stands in for the parts of SB3's VecEnv that the engine uses: the same attributes
+    after __init__, the same seeds/options bookkeeping, the same index expansion."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+    from stable_baselines3.common.vec_env.base_vec_env import VecEnv
+
+    from shmvec._vec_core import VecBase
+
+    fns = [functools.partial(testenvs.make_spaces_env, "box", "discrete", i, render_mode=render_mode)
+           for i in range(3)]
+    envs = DummyVecEnv(fns)
+
+    class Calls:  # what the engine itself provides, here answered by a DummyVecEnv
+        def get_attr(self, name, indices=None):
+            return envs.get_attr(name, indices)
+
+        def step_async(self, actions):
+            self.sent = actions
+
+        def step_wait(self):
+            return ("stepped", self.sent)
+
+        def reset(self): ...
+        def close(self): ...
+        def set_attr(self, *args, **kwargs): ...
+        def env_method(self, *args, **kwargs): ...
+        def env_is_wrapped(self, *args, **kwargs): ...
+
+    class Ours(Calls, VecBase):
+        pass
+
+    class Sb3(Calls, VecEnv):
+        pass
+
+    try:
+        ours = Ours(3, envs.observation_space, envs.action_space)
+        ref = Sb3(3, envs.observation_space, envs.action_space)
+        for name in ("num_envs", "observation_space", "action_space", "reset_infos", "_seeds", "_options",
+                     "render_mode", "metadata"):
+            assert getattr(ours, name) == getattr(ref, name), name
+        for options in ({"a": [1]}, [{"a": 1}, {}, {"b": 2}], None):
+            ours.set_options(options)
+            ref.set_options(options)
+            assert ours._options == ref._options
+            if isinstance(options, dict):
+                assert ours._options[0] is not options and ours._options[0]["a"] is not options["a"]  # deep copies
+        ours._reset_options()
+        ref._reset_options()
+        ours._seeds = ref._seeds = [1, 2, 3]
+        ours._reset_seeds()
+        ref._reset_seeds()
+        assert ours._options == ref._options and ours._seeds == ref._seeds
+        for indices in (None, 2, [0, 2], range(1, 3)):
+            assert list(ours._get_indices(indices)) == list(ref._get_indices(indices))
+        assert ours.step("a") == ref.step("a") == ("stepped", "a")
+    finally:
+        envs.close()
+
+
 @pytest.mark.timeout(170)
 def test_cleanrl_ppo_example_runs():
     """examples/cleanrl_ppo.py trains on ShmVectorEnv for a few iterations (a real subprocess)."""
