@@ -424,6 +424,11 @@ cdef class RowWriter:
     and of a dtype equivalent to ``dst``'s; its bytes are copied.  Anything else (another
     dtype, a list, a scalar, a subclass, a wrong shape, ``i`` out of range) goes to
     ``slow(i, value)``, which converts, checks and raises (``shmvec._layout``).
+
+    With ``at`` (a ``Words``) and ``at_index``, each row written also stores ``i + 1`` into
+    that word: a worker's ENV_AT, the env it is in while it steps its envs in order
+    (``shmvec._protocol``, "How failures are noticed"), at the cost of one store, not of a
+    Python call per env.  Nothing is stored once ``at`` is released.
     """
 
     cdef cnp.ndarray dst
@@ -434,10 +439,16 @@ cdef class RowWriter:
     cdef cnp.npy_intp *dims
     cdef cnp.dtype dtype
     cdef readonly object slow
+    cdef Words at
+    cdef Py_ssize_t at_index
 
-    def __cinit__(self, cnp.ndarray dst not None, slow not None):
+    def __cinit__(self, cnp.ndarray dst not None, slow not None, Words at=None, Py_ssize_t at_index=0):
         if cnp.PyArray_NDIM(dst) < 1 or not cnp.PyArray_IS_C_CONTIGUOUS(dst):
             raise ValueError("RowWriter needs a C-contiguous array with at least one axis")
+        if at is not None and not 0 <= at_index < at.count:
+            raise IndexError(f"word {at_index} out of range [0, {at.count})")
+        self.at = at
+        self.at_index = at_index
         self.dst = dst
         self.base = <char *>cnp.PyArray_DATA(dst)
         self.n_rows = cnp.PyArray_DIM(dst, 0)
@@ -461,8 +472,14 @@ cdef class RowWriter:
                         break
                 else:
                     memcpy(self.base + i * self.row_bytes, cnp.PyArray_DATA(v), self.row_bytes)
+                    self._mark(i)
                     return
         self.slow(i, value)
+        self._mark(i)
+
+    cdef inline void _mark(self, Py_ssize_t i) noexcept:
+        if self.at is not None and self.at.base != NULL:
+            shmvec_store_release(self.at.base + self.at_index, <uint32_t>(i + 1))
 
 
 ACTIONS_COPY = 0      # copy only (integer Box, or invalid_actions="ignore")

@@ -132,6 +132,21 @@ class RemoteTraceback(Exception):
         return "\n\n" + "".join(self.tb).rstrip() + "\n(traceback of the worker, above)"
 
 
+class WorkerStacks(RemoteTraceback):
+    """The Python stacks faulthandler wrote in a worker that died of a signal or hung
+    (``shmvec._crash``), shown as the ``__cause__`` of WorkerDiedError or WorkerTimeoutError."""
+
+    def __init__(self, tb: str, when: str) -> None:
+        super().__init__(tb)
+        self.when = when
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.tb, self.when)
+
+    def __str__(self) -> str:
+        return "\n\n" + self.tb.rstrip() + f"\n(the worker's Python stack {self.when}, from faulthandler, above)"
+
+
 class RemoteEnvError(ShmVecEnvError):
     """Stands in for a worker exception that could not be sent as itself."""
 
@@ -198,14 +213,17 @@ class FirstFailure:
         obj.__dict__[self.name] = None if exc is None else detached(exc)
 
 
-def broken_by(vec_env: Any, exc: BaseException) -> BaseException:
-    """Records ``exc`` as what broke ``vec_env`` and returns it, to be raised as ``raise broken_by(self, X(...))``.
+def broken_by(vec_env: Any, exc: BaseException, cause: BaseException | None = None) -> BaseException:
+    """Records ``exc`` as what broke ``vec_env`` and returns it, to be raised as ``raise broken_by(self, X(...))``;
+    ``cause``, if given, becomes its ``__cause__`` (as ``raise X from cause``).
 
     Raised that way, the exception is in no local of the frame that raises it: a local would hold
     the exception, whose traceback holds the frame (and the vec env), until the garbage collector
     breaks the cycle.  Where an exception must sit in a local first, the raising code clears the
     local in a ``finally``.
     """
+    if cause is not None:
+        exc.__cause__ = cause
     vec_env._broken = exc
     return exc
 

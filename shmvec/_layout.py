@@ -240,23 +240,26 @@ def _gather(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], cop
     return arr.__getitem__
 
 
-def make_scatter(space: spaces.Space, leaves: dict[Path, np.ndarray], what: str) -> Callable[[int, Any], None]:
+def make_scatter(space: spaces.Space, leaves: dict[Path, np.ndarray], what: str,
+                 at: tuple[Any, int] | None = None) -> Callable[[int, Any], None]:
     """Returns ``f(index, value)`` that writes one env's structured value into the leaf buffers.
 
     Checks the shape of every leaf (numpy would otherwise broadcast silently)
     and that its dtype casts to the buffer's within the same kind; raises
-    ObservationError naming the field.
+    ObservationError naming the field.  ``at``: ``(words, index)`` of a word that each write
+    of row ``i`` sets to ``i + 1`` (a worker's ENV_AT, see ``shmvec._core.RowWriter``).
     """
-    return _scatter(space, (), leaves, what)
+    return _scatter(space, (), leaves, what, at)
 
 
-def _scatter(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], what: str) -> Callable[[int, Any], None]:
+def _scatter(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], what: str,
+             at: tuple[Any, int] | None = None) -> Callable[[int, Any], None]:
     if isinstance(space, (spaces.Dict, spaces.Tuple)):
         if isinstance(space, spaces.Dict):
             keyed = list(space.spaces.items())
         else:
             keyed = list(enumerate(space.spaces))
-        parts = [(key, _scatter(s, path + (key,), leaves, what)) for key, s in keyed]
+        parts = [(key, _scatter(s, path + (key,), leaves, what, at)) for key, s in keyed]
 
         def scatter_nested(i: int, value: Any) -> None:
             for key, f in parts:
@@ -293,7 +296,7 @@ def _scatter(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], wh
     if arr.flags.c_contiguous and arr.ndim >= 1:
         # The usual case (an ndarray of the row's shape and dtype) as one memcpy in C; anything
         # else falls through to scatter_leaf, which converts, checks and raises as before.
-        return RowWriter(arr, scatter_leaf)
+        return RowWriter(arr, scatter_leaf) if at is None else RowWriter(arr, scatter_leaf, *at)
     return scatter_leaf
 
 

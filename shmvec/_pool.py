@@ -142,6 +142,7 @@ class PoolServer:
         start = worker.start
         step = self._step_same if worker.autoreset == P.AUTORESET_SAME_STEP else self._step_next
         words, seq_word = worker.words, P.word(worker.index, P.CMD_SEQ)
+        env_at = P.word(worker.index, P.ENV_AT)  # envs come in any order: stored before each (_protocol)
         while True:
             j = in_q.pop(P.PARENT_POLL_S, self.spin)
             if j is None:
@@ -153,12 +154,14 @@ class PoolServer:
             if j == STOP:
                 return []
             i = start + j
+            words.store(env_at, i)
             try:
                 step(j, i)
             except BaseException:
                 worker.current = i
                 out_q.push(ERROR_BIT | worker.index, True)  # urgent: wakes a waiting recv()
                 raise
+            words.store(env_at, P.NO_ENV)  # idle: write_obs left it at the next env in the slice
             out_q.push(i)
 
     def _put_info(self, i: int, info: Any) -> None:

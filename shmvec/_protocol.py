@@ -6,7 +6,7 @@ computed identically on both sides by :class:`shmvec._layout.Layout`)::
     control words   uint32, one 64-byte cache line per row:
                       row 0      PENDING PARENT_SLEEPERS PARENT_CPU EARLY_WAKE (global)
                       row 1 + w  worker w: CMD_SEQ CMD ARG_LEN STATUS RESULT_LEN DONE_SEQ
-                                 CMD_SLEEPERS
+                                 CMD_SLEEPERS ENV_AT
     actions         one buffer per leaf of the action space, (n_envs, *shape)
     observations    one buffer per leaf of the observation space, (n_envs, *shape)
     terminal obs    same shapes: the observation an episode ended on
@@ -160,6 +160,24 @@ How failures are noticed
 - A worker dies: the parent's waits time out every POLL_S and then look at
   every worker's process sentinel; a dead one raises WorkerDiedError with its
   exit code or signal.  Pipe reads wait on the pipe and the sentinel together.
+- Where a dead or stuck worker was (shmvec._crash): every worker writes
+  faulthandler's report into a pipe of its own (the crash pipe: the parent
+  holds the read end, the worker the non-blocking write end).  On a fatal
+  signal (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) faulthandler writes the
+  Python stack of every thread there before the process dies; the parent
+  reads it once the worker is gone and attaches it to WorkerDiedError.  On a
+  timeout the parent sends DUMP_SIGNAL to the late worker (only if the worker
+  catches it: /proc/<pid>/status), faulthandler writes the stacks without
+  stopping it, and the parent attaches them to WorkerTimeoutError.
+  ENV_AT[w] says which env worker w is in: only the worker writes it, with
+  relaxed stores, and the parent reads it only as a hint for these messages
+  (after the worker died, or while it hangs), never to decide anything.  At
+  the start of STEP and RESET the worker stores the first env of its slice;
+  while it steps its envs in order, the observation writer (RowWriter, in C)
+  stores i + 1 once env i's observation is in place, so that no Python store
+  is added per env; elsewhere (reset, the pool, rare commands, masks, close)
+  each assignment of the worker's ``current`` stores it, and NO_ENV when the
+  worker is in its own code.  A value outside the slice means "in none".
 - The parent dies: each worker's wait times out every PARENT_POLL_S and
   checks the parent through a pidfd (or its pid); the worker then exits.  The
   segment itself was unlinked once every worker had attached, so nothing stays
@@ -206,6 +224,8 @@ STATUS = 3
 RESULT_LEN = 4
 DONE_SEQ = 5
 CMD_SLEEPERS = 6
+ENV_AT = 7  # the env the worker is in (a hint for error messages: "How failures are noticed")
+NO_ENV = 0xFFFFFFFF
 
 # RESULT_LEN when the result did not fit in the mailbox and went through the pipe.
 RESULT_IN_PIPE = 0xFFFFFFFF

@@ -55,7 +55,6 @@ instant before the command (its threads still exiting) counts as dying during it
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -76,7 +75,6 @@ from shmvec._errors import (
     unpack_exception,
 )
 from shmvec._layout import make_scatter
-from shmvec._worker import worker_main
 
 ON_FAILURE = ("raise", "restart")
 RESTART_INFO_KEY = "shmvec_restarted"
@@ -250,7 +248,7 @@ class Recovery:
     def _death_reason(self, w: int) -> str:
         proc = self._res.processes[w]
         proc.join(_DIED_JOIN_S)  # the sentinel can be ready a moment before the exit code
-        return f"worker {w} died with {describe_exitcode(proc.exitcode)}"
+        return f"worker {w} died with {describe_exitcode(proc.exitcode)}{self._in_env(w)}"
 
     def _restart_workers(self, failed: dict[int, str], command: str) -> dict[int, dict]:
         """Replaces the failed workers, resets their envs; returns their reset infos by env index."""
@@ -343,27 +341,13 @@ class Recovery:
         except (EOFError, OSError):
             pass
         conn.close()
+        res.crash_conns[w].close()
         proc.close()
         # A worker killed in its futex wait stays counted as a sleeper: the count starts afresh.
         self._words.store(P.word(w, P.CMD_SLEEPERS), 0)
 
     def _spawn_worker(self, w: int) -> None:
-        res = self._res
-        ctx = mp.get_context(self.start_method)
-        parent_conn, child_conn = ctx.Pipe(duplex=True)
-        proc = ctx.Process(
-            target=worker_main,
-            args=(w, self.slices[w], self._payloads[w], child_conn, os.getpid(), self._worker_threads,
-                  self._worker_spin),
-            kwargs={"affinity": self._cpu_sets[w]},  # the same cores as the worker it replaces
-            daemon=True,
-            name=f"shmvec-worker-{w}",
-        )
-        res.conns[w], res.processes[w] = parent_conn, proc  # release() covers them from here on
-        try:
-            proc.start()
-        finally:
-            child_conn.close()
+        self._launch(w)  # on the same cores as the worker it replaces
 
     def _handshake(self, w: int) -> None:
         res = self._res

@@ -35,6 +35,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from shmvec import _crash
 from shmvec import _masks
 from shmvec import _protocol as P
 from shmvec._actions import INVALID_ACTIONS, exact_integers, make_action_checks, make_fast_copies, rows_reshaped
@@ -49,6 +50,7 @@ from shmvec._errors import (
     SpaceError,
     Uncopyable,
     WorkerDiedError,
+    WorkerStacks,
     WorkerTimeoutError,
     broken_by,
     describe_exitcode,
@@ -152,6 +154,7 @@ class _Resources:
 
     processes: list = []
     conns: list[Connection] = []
+    crash_conns: list[Connection] = []  # worker w's crash pipe, read end (shmvec._crash)
     shm: SharedMemory | None = None
     unlinked: bool = False
     words: Words | None = None
@@ -238,6 +241,8 @@ class _Resources:
                         close_errors.append((w, msg[1]))
             except (EOFError, OSError):
                 pass
+            conn.close()
+        for conn in self.crash_conns:
             conn.close()
         for p in self.processes:
             try:
@@ -393,7 +398,7 @@ class VecCore(Uncopyable, Recovery):
         res = self._res = _Resources()
         _LIVE_RESOURCES.add(res)
         self._finalizer = weakref.finalize(self, res.release)
-        res.processes, res.conns = [], []
+        res.processes, res.conns, res.crash_conns = [], [], []
         self.closed = False
         step_timeout = timeout
         if timeout is not None:
@@ -416,36 +421,50 @@ class VecCore(Uncopyable, Recovery):
     def _pickle_factories(env_fns: list, sl: range) -> bytes:
         return F.pickle_factories(env_fns, sl)
 
-    def _start_workers(self, payloads: list[bytes], threads: int | None, mailbox_bytes: int) -> None:
+    def _launch(self, w: int) -> None:
+        """Starts worker w, or a new one in place of a stopped worker w (``_recovery``), with its
+        command pipe and its crash pipe (shmvec._crash); ``release()`` covers all three from here on."""
         res = self._res
         assert res is not None
         ctx = mp.get_context(self.start_method)
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        crash_reader, crash_writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=worker_main,
+            args=(w, self.slices[w], self._payloads[w], child_conn, crash_writer, os.getpid(), self._worker_threads,
+                  self._worker_spin),
+            kwargs={"affinity": self._cpu_sets[w], "autoreset": self._autoreset},
+            daemon=True,
+            name=f"shmvec-worker-{w}",
+        )
+        if w == len(res.processes):
+            res.conns.append(parent_conn)
+            res.crash_conns.append(crash_reader)
+            res.processes.append(proc)
+        else:
+            res.conns[w], res.crash_conns[w], res.processes[w] = parent_conn, crash_reader, proc
+        try:
+            proc.start()
+        except AssertionError as exc:
+            if "daemonic" not in str(exc):
+                raise
+            raise ShmVecEnvError(
+                "this process is daemonic (a multiprocessing.Pool worker, or a worker of another vec env), and "
+                "multiprocessing lets no daemonic process start processes of its own: build a DummyVecEnv "
+                "there, or start this process with daemon=False."
+            ) from exc
+        finally:
+            child_conn.close()
+            crash_writer.close()
+
+    def _start_workers(self, payloads: list[bytes], threads: int | None, mailbox_bytes: int) -> None:
+        res = self._res
+        assert res is not None
         # Started before any worker so that every worker shares it (fork copies its fd), and an
         # attach in a worker is a no-op for it rather than a tracker of its own.
         resource_tracker.ensure_running()
-        for w, sl in enumerate(self.slices):
-            parent_conn, child_conn = ctx.Pipe(duplex=True)
-            res.conns.append(parent_conn)
-            proc = ctx.Process(
-                target=worker_main,
-                args=(w, sl, payloads[w], child_conn, os.getpid(), threads, self._worker_spin),
-                kwargs={"affinity": self._cpu_sets[w], "autoreset": self._autoreset},
-                daemon=True,
-                name=f"shmvec-worker-{w}",
-            )
-            res.processes.append(proc)
-            try:
-                proc.start()
-            except AssertionError as exc:
-                if "daemonic" not in str(exc):
-                    raise
-                raise ShmVecEnvError(
-                    "this process is daemonic (a multiprocessing.Pool worker, or a worker of another vec env), and "
-                    "multiprocessing lets no daemonic process start processes of its own: build a DummyVecEnv "
-                    "there, or start this process with daemon=False."
-                ) from exc
-            finally:
-                child_conn.close()
+        for w in range(len(self.slices)):
+            self._launch(w)
         self._sentinels = {p.sentinel: w for w, p in enumerate(res.processes)}
 
         # Handshake 1: every worker reports its spaces (no env is ever built here).
@@ -1043,10 +1062,13 @@ class VecCore(Uncopyable, Recovery):
             if limit is not None and time.monotonic() - since >= limit:
                 late = [w for w in range(self.n_workers) if words.load(P.word(w, P.DONE_SEQ)) != self._seq[w]]
                 envs = [i for w in late for i in self.slices[w]]
+                at = "".join(f"; worker {w}{where}" for w in late if (where := self._in_env(w)))
+                stacks = self._stacks(late)
                 raise broken_by(self, WorkerTimeoutError(
-                    f"{command}: workers {late} (envs {_ranges(envs)}) did not answer within {limit:g} s. "
-                    "The env may hang; call close() (it terminates them) and build a new vec env."
-                ))
+                    f"{command}: workers {late} (envs {_ranges(envs)}{at}) did not answer within {limit:g} s. "
+                    + ("Where each was is shown above (faulthandler). " if stacks else "")
+                    + "The env may hang; call close() (it terminates them) and build a new vec env."
+                ), cause=stacks)
             pending = words.load(P.PENDING)
         self._collecting = True
         results: list[list] = []
@@ -1110,18 +1132,50 @@ class VecCore(Uncopyable, Recovery):
 
     def _died(self, w: int, what: str, join_s: float, why: str | None = None) -> WorkerDiedError:
         """WorkerDiedError for worker w (once reaped, within ``join_s``), which breaks the vec env;
-        ``why``: what usually causes it (default: by its exit code)."""
-        proc = self._res.processes[w]  # type: ignore[union-attr]
+        ``why``: what usually causes it (default: by its exit code).  It names the env the worker
+        was in, and carries the Python stack faulthandler wrote at a native crash (shmvec._crash)
+        as its ``__cause__``."""
+        res = self._res
+        assert res is not None
+        proc = res.processes[w]
         proc.join(join_s)
         if why is None:
             why = self._death_hint(proc.exitcode)
+        report = _crash.read_report(res.crash_conns[w]) if w < len(res.crash_conns) else ""
+        if report:
+            why += " Its Python stack when it died (faulthandler) is shown above."
         sl = self.slices[w]
         self._broken = err = WorkerDiedError(
-            f"worker {w} (envs {sl.start}..{sl.stop - 1}) {what} with {describe_exitcode(proc.exitcode)}. {why} "
-            + (_START_HINT if self._constructing else _BROKEN_HINT),
+            f"worker {w} (envs {sl.start}..{sl.stop - 1}) {what} with {describe_exitcode(proc.exitcode)}"
+            f"{self._in_env(w)}. {why} " + (_START_HINT if self._constructing else _BROKEN_HINT),
             worker=w, env_indices=sl, exitcode=proc.exitcode,
         )
+        if report:
+            err.__cause__ = WorkerStacks(report, "when it died")
         return err
+
+    def _in_env(self, w: int) -> str:
+        """", in env i": the env worker w is in by its ENV_AT word (shmvec._protocol), if any."""
+        words = self._words if self._res is not None and self._res.words is not None else None
+        if words is None:
+            return ""
+        try:
+            i = words.load(P.word(w, P.ENV_AT))
+        except ValueError:  # released
+            return ""
+        return f", in env {i}" if i in self.slices[w] else ""
+
+    def _stacks(self, workers: Sequence[int]) -> WorkerStacks | None:
+        """The Python stacks of live, stuck workers (shmvec._crash.dump_stacks), or None."""
+        res = self._res
+        assert res is not None
+        parts = []
+        for w in workers:
+            if w < len(res.crash_conns) and _is_alive(res.processes[w]):
+                stacks = _crash.dump_stacks(res.processes[w].pid, res.crash_conns[w])
+                if stacks:
+                    parts.append(f"worker {w}:\n{stacks}" if len(workers) > 1 else stacks)
+        return WorkerStacks("\n\n".join(parts), "where it hung") if parts else None
 
     def _wait_conn(self, w: int, command: str) -> None:
         """Blocks until worker w's pipe has data; raises if the worker dies or the timeout passes."""
@@ -1139,10 +1193,11 @@ class VecCore(Uncopyable, Recovery):
                 sl = self.slices[w]
                 what = (_START_HINT if self._constructing
                         else "Call close() (it terminates it) and build a new vec env.")
+                stacks = self._stacks([w])
                 raise broken_by(self, WorkerTimeoutError(
-                    f"{command}: worker {w} (envs {sl.start}..{sl.stop - 1}) did not answer within "
-                    f"{self.timeout:g} s. {what}"
-                ))
+                    f"{command}: worker {w} (envs {sl.start}..{sl.stop - 1}{self._in_env(w)}) did not answer within "
+                    f"{self.timeout:g} s. " + ("Where it was is shown above (faulthandler). " if stacks else "") + what
+                ), cause=stacks)
 
     def _recv_raw(self, w: int, command: str, raw_bytes: bool = False) -> Any:
         """The next message from worker w (its bytes with ``raw_bytes``); WorkerDiedError if it died."""

@@ -21,6 +21,7 @@ from typing import Any
 import cloudpickle
 import gymnasium as gym
 
+from shmvec import _crash
 from shmvec import _protocol as P
 from shmvec._core import Words, current_cpu, encode_infos, publish_step
 from shmvec._errors import ShmVecEnvError, SpaceError, pack_exception
@@ -146,7 +147,8 @@ class _Worker:
         self.conn = conn
         self.parent = parent
         self.spin = spin
-        self.current: int | None = None
+        self._current: int | None = None  # the env being worked on (``current``)
+        self._env_at = P.word(index, P.ENV_AT)
         self.sleep_next = False  # this worker woke the parent early: sleep at once in the next wait
         self.outbox: Any = None  # a message kept for the pipe until the command completes (protocol step 6b)
         self.shm: SharedMemory | FdSegment | None = None
@@ -164,6 +166,20 @@ class _Worker:
         self.masks: Any = None  # the action mask buffer (shmvec._masks), when the block has one
         self.masks_on = False  # write masks after every step/reset (on from the start, or at the first "action_masks" pipe command)
         self.was_reset = False  # True once a reset ran: before it the envs have no masks to write
+
+    @property
+    def current(self) -> int | None:
+        """The env this worker is in (None: its own code), named by an exception it sends; each
+        assignment is also stored into its ENV_AT word, for the parent to name the env if this
+        process dies or hangs in it (shmvec._protocol, "How failures are noticed").  The step
+        loops leave that to the observation writer, which costs no Python call per env."""
+        return self._current
+
+    @current.setter
+    def current(self, i: int | None) -> None:
+        self._current = i
+        if self.words is not None:
+            self.words.store(self._env_at, P.NO_ENV if i is None else i)
 
     # ---- set-up --------------------------------------------------------------------------------
     def attach(self, shm_name: str | None, n_envs: int, n_workers: int, mailbox_bytes: int, mask_size: int = 0,
@@ -188,7 +204,8 @@ class _Worker:
             self.read_actions = lambda: _unbatch(env.action_space, act_slice(own), n)
         else:
             self.read_actions = lambda: list(act_slice(own))
-        self.write_obs = make_scatter(env.observation_space, views.obs, "observation")
+        # Each observation written sets ENV_AT to the next env: the env a step loop is in.
+        self.write_obs = make_scatter(env.observation_space, views.obs, "observation", (self.words, self._env_at))
         self.write_term = make_scatter(env.observation_space, views.term_obs, "observation")
         # The last command seen, read before this worker reports "ready": the parent posts nothing
         # before every worker is ready, and may post the first command before serve() starts.
@@ -262,7 +279,8 @@ class _Worker:
         except BaseException as exc:  # an env's sys.exit() too: the parent decides what it means
             status, result_len = P.Status.ERROR, 0
             self.outbox = ("error", pack_exception(exc, env_index=self.current, worker=self.index, command=name))
-        self.current = None
+        if self._current is not None:
+            self.current = None
         words.store(P.word(self.index, P.STATUS), status)
         words.store(P.word(self.index, P.RESULT_LEN), result_len)
         words.store(P.word(self.index, P.DONE_SEQ), seq)
@@ -314,6 +332,7 @@ class _Worker:
 
     def _step(self) -> list:
         start = self.start
+        self.words.store(self._env_at, start)  # then write_obs moves it on, env by env
         write_obs, write_term = self.write_obs, self.write_term
         rews, terms, truncs, items = [], [], [], []
         add_rew, add_term, add_trunc = rews.append, terms.append, truncs.append  # 0.07 us/env less
@@ -368,6 +387,7 @@ class _Worker:
         (its action is ignored, its reward is 0 and its flags False; its info is the reset info).
         DISABLED: the same, but nothing is marked finished (the parent resets ended envs)."""
         start = self.start
+        self.words.store(self._env_at, start)  # then write_obs moves it on, env by env
         write_obs, finished = self.write_obs, self.finished
         next_step = self.autoreset == P.AUTORESET_NEXT_STEP
         rews, terms, truncs, items = [], [], [], []
@@ -578,10 +598,12 @@ def _recv(conn: Connection, parent: _ParentWatch) -> Any:
     return conn.recv()
 
 
-def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connection, parent_pid: int,
-                threads: int | None, spin: float, affinity: frozenset[int] | None = None,
+def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connection, crash: Connection,
+                parent_pid: int, threads: int | None, spin: float, affinity: frozenset[int] | None = None,
                 autoreset: str = P.AUTORESET_SAME_STEP) -> None:
-    """Entry point of a worker process (the target of ``multiprocessing.Process``)."""
+    """Entry point of a worker process (the target of ``multiprocessing.Process``); ``crash`` is
+    the write end of its crash pipe (shmvec._crash)."""
+    _crash.install(crash)  # first: a factory's native crash is reported too
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
     if affinity:  # before any env (or thread pool) is built: threads inherit the mask
         os.sched_setaffinity(0, affinity)

@@ -333,10 +333,14 @@ class ShmEnvPool(Uncopyable):
                 if since is None or stamped_at != len(ids):
                     since, stamped_at = now - P.POLL_S, len(ids)  # this poll waited POLL_S already
                 if engine.timeout is not None and now - since >= engine.timeout:
+                    busy = [w for w in range(engine.n_workers) if engine._in_env(w)]  # stuck in an env
+                    stacks = engine._stacks(busy)
                     raise broken_by(engine, WorkerTimeoutError(
-                        f"pool recv: {n - len(ids)} of batch_size={n} envs did not finish within {engine.timeout:g} s. "
-                        "An env may hang; call close() (it terminates the workers) and build a new pool."
-                    ))
+                        f"pool recv: {n - len(ids)} of batch_size={n} envs did not finish within {engine.timeout:g} s"
+                        + "".join(f"; worker {w}{engine._in_env(w)}" for w in busy) + ". "
+                        + ("Where each was is shown above (faulthandler). " if stacks else "")
+                        + "An env may hang; call close() (it terminates the workers) and build a new pool."
+                    ), cause=stacks)
                 continue
             if v & _pool.ERROR_BIT:
                 self._stop()  # raises the env's exception (and marks the engine broken)
