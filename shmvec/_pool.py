@@ -161,7 +161,6 @@ class PoolServer:
                 worker.current = i
                 out_q.push(ERROR_BIT | worker.index, True)  # urgent: wakes a waiting recv()
                 raise
-            words.store(env_at, P.NO_ENV)  # idle: write_obs left it at the next env in the slice
             out_q.push(i)
 
     def _put_info(self, i: int, info: Any) -> None:

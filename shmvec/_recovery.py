@@ -161,8 +161,10 @@ class Recovery:
             if self.timeout is not None and time.monotonic() - since >= self.timeout:
                 for w in posted:
                     if w not in failed and not done(w):
+                        at = self._env_of(w)
                         self._res.processes[w].kill()
-                        failed[w] = f"worker {w} did not answer within timeout={self.timeout:g} s and was killed"
+                        failed[w] = (f"worker {w} did not answer within timeout={self.timeout:g} s"
+                                     + ("" if at is None else f" (stuck in env {at})") + " and was killed")
             target = sum(1 for w in failed if not done(w))
             pending = words.load(P.PENDING)
             if pending != target and failed and all(done(w) for w in posted if w not in failed):

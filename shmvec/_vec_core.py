@@ -1154,16 +1154,20 @@ class VecCore(Uncopyable, Recovery):
             err.__cause__ = WorkerStacks(report, "when it died")
         return err
 
-    def _in_env(self, w: int) -> str:
-        """", in env i": the env worker w is in by its ENV_AT word (shmvec._protocol), if any."""
-        words = self._words if self._res is not None and self._res.words is not None else None
-        if words is None:
-            return ""
+    def _env_of(self, w: int) -> int | None:
+        """The env worker w is in by its ENV_AT word (shmvec._protocol: a hint), or None."""
+        if self._res is None or self._res.words is None:
+            return None
         try:
-            i = words.load(P.word(w, P.ENV_AT))
+            i = self._res.words.load(P.word(w, P.ENV_AT))
         except ValueError:  # released
-            return ""
-        return f", in env {i}" if i in self.slices[w] else ""
+            return None
+        return i if i in self.slices[w] else None
+
+    def _in_env(self, w: int) -> str:
+        """", in env i" (``_env_of``), or ""."""
+        i = self._env_of(w)
+        return "" if i is None else f", in env {i}"
 
     def _stacks(self, workers: Sequence[int]) -> WorkerStacks | None:
         """The Python stacks of live, stuck workers (shmvec._crash.dump_stacks), or None."""

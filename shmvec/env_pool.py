@@ -333,7 +333,10 @@ class ShmEnvPool(Uncopyable):
                 if since is None or stamped_at != len(ids):
                     since, stamped_at = now - P.POLL_S, len(ids)  # this poll waited POLL_S already
                 if engine.timeout is not None and now - since >= engine.timeout:
-                    busy = [w for w in range(engine.n_workers) if engine._in_env(w)]  # stuck in an env
+                    # The out queue is empty: every env in flight and not in ids is with its worker.
+                    arrived = set(ids)
+                    busy = sorted({engine._owner[i] for i in np.flatnonzero(self._in_flight).tolist()
+                                   if i not in arrived})
                     stacks = engine._stacks(busy)
                     raise broken_by(engine, WorkerTimeoutError(
                         f"pool recv: {n - len(ids)} of batch_size={n} envs did not finish within {engine.timeout:g} s"

@@ -8,7 +8,6 @@ marker file: the new process sees it and behaves.
 from __future__ import annotations
 
 import ctypes
-import faulthandler
 import os
 import resource
 import signal
@@ -31,8 +30,8 @@ class UnpicklableError(Exception):
 
 def _end_process(how: str) -> None:
     """Ends the calling process the way a crash would."""
-    if how in ("segv", "abort"):
-        faulthandler.disable()  # a fork worker inherits pytest's: no stack dump for a crash on purpose
+    # (A worker's faulthandler writes to shmvec's crash pipe, not to stderr: no stack dump shows up
+    # in the test output for a crash on purpose, and the tests read the one shmvec attaches.)
     if how == "segv":
         ctypes.string_at(0)  # reads address 0: SIGSEGV in native code
     elif how == "abort":
@@ -126,6 +125,27 @@ class CrashEnv(testenvs.SpacesEnv):
 def make_crash_env(index: int = 0, at: int | None = None, how: str = "kill", where: str = "step",
                    once: str | None = None, max_steps: int = 25, obs_kind: str = "box") -> gym.Env:
     return gym.wrappers.TimeLimit(CrashEnv(index, at, how, where, once, obs_kind), max_episode_steps=max_steps)
+
+
+def crashing_factory(how: str = "segv") -> gym.Env:
+    """A factory that ends its worker (``how``, as ``_end_process``) before it returns an env."""
+    _end_process(how)
+    raise AssertionError("unreachable")
+
+
+class DumpSignalTakerEnv(CrashEnv):
+    """A CrashEnv that puts the default action back on shmvec's DUMP_SIGNAL (which would kill the
+    process), as an env that takes a signal for itself may: shmvec must not send it then."""
+
+    def __init__(self, index: int = 0, **kwargs) -> None:
+        from shmvec._crash import DUMP_SIGNAL
+
+        super().__init__(index, **kwargs)
+        signal.signal(DUMP_SIGNAL, signal.SIG_DFL)
+
+
+def make_dump_signal_taker_env(index: int = 0, **kwargs) -> gym.Env:
+    return DumpSignalTakerEnv(index, **kwargs)
 
 
 class FlakyFactoryError(Exception):

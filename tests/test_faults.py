@@ -39,7 +39,8 @@ from shmvec import (
     WorkerRestartWarning,
 )
 from shmvec._actions import make_action_checks
-from shmvec._errors import RemoteTraceback
+from shmvec import WorkerTimeoutError, _crash
+from shmvec._errors import RemoteTraceback, WorkerStacks
 from shmvec._layout import space_leaves
 from shmvec._recovery import RESTART_INFO_KEY
 
@@ -106,6 +107,139 @@ def test_worker_dying_during_reset_raises_worker_died_error(how, what):
         assert info.value.worker == 0 and "during reset" in str(info.value)
         with pytest.raises(BrokenVecEnvError):
             env.reset()
+    finally:
+        env.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a dead or stuck worker was: the env it was in, and its Python stack (shmvec._crash)
+# ---------------------------------------------------------------------------------------------
+
+def _stack_of(exc: BaseException) -> str:
+    assert isinstance(exc.__cause__, WorkerStacks), f"no stack attached to {exc!r}"
+    return str(exc.__cause__)
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+@pytest.mark.parametrize("bad", [2, 3])  # the first env of worker 1's slice, and the one after it
+def test_native_crash_names_the_env_and_carries_the_workers_python_stack(method, bad):
+    env = ShmVecEnv(_crash_fns(bad=bad, at=2, how="segv"), n_workers=2, start_method=method)
+    try:
+        env.reset()
+        env.step(_actions(0))
+        with pytest.raises(WorkerDiedError) as info:
+            env.step(_actions(1))
+        message = str(info.value)
+        assert f"worker 1 (envs 2..3) died during step with signal SIGSEGV (11), in env {bad}. " in message
+        assert "Its Python stack when it died (faulthandler) is shown above." in message
+        stack = _stack_of(info.value)
+        assert "Fatal Python error: Segmentation fault" in stack
+        assert "faultenvs.py" in stack and "in _end_process" in stack and "in _maybe_crash" in stack
+        assert "Extension modules" not in stack  # Python's list of them is noise here
+        assert stack.rstrip().endswith("(the worker's Python stack when it died, from faulthandler, above)")
+        with pytest.raises(BrokenVecEnvError, match="in env"):
+            env.step(_actions(2))
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("how, what", [("abort", "signal SIGABRT (6)"), ("kill", "signal SIGKILL (9)"),
+                                      ("exit", "exit code 3")])
+def test_every_death_names_the_env_and_only_a_fatal_signal_brings_a_stack(how, what):
+    env = ShmVecEnv(_crash_fns(bad=1, at=2, how=how, where="reset"), n_workers=2, start_method="fork")
+    try:
+        env.reset()
+        with pytest.raises(WorkerDiedError) as info:
+            env.reset()  # env 1's second reset
+        assert f"worker 0 (envs 0..1) died during reset with {what}" in str(info.value)
+        assert ", in env 1. " in str(info.value)
+        if how == "abort":  # faulthandler writes on SIGABRT; SIGKILL and os._exit leave nothing to write
+            assert "Fatal Python error: Aborted" in _stack_of(info.value) and "in reset" in _stack_of(info.value)
+        else:
+            assert info.value.__cause__ is None and "faulthandler" not in str(info.value)
+    finally:
+        env.close()
+
+
+def test_native_crash_in_a_factory_carries_its_stack():
+    fns = _crash_fns()
+    fns[3] = functools.partial(faultenvs.crashing_factory, "segv")
+    with pytest.raises(WorkerDiedError, match=r"worker 1 \(envs 2..3\) died during env construction with signal "
+                                              r"SIGSEGV") as info:
+        ShmVecEnv(fns, n_workers=2, start_method="forkserver")
+    assert "in crashing_factory" in _stack_of(info.value)
+    assert "in env" not in str(info.value)  # no block yet, so no ENV_AT: the stack tells
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_hanging_step_names_the_env_and_shows_where_it_hangs(method):
+    env = ShmVecEnv(_crash_fns(bad=3, at=2, how="hang"), n_workers=2, start_method=method, timeout=1.0)
+    try:
+        env.reset()
+        env.step(_actions(0))
+        start = time.monotonic()
+        with pytest.raises(WorkerTimeoutError) as info:
+            env.step(_actions(1))
+        assert time.monotonic() - start < 6.0  # the timeout, then at most a second for the stacks
+        message = str(info.value)
+        assert "workers [1] (envs 2..3; worker 1, in env 3) did not answer within 1 s" in message
+        assert "Where each was is shown above (faulthandler)." in message
+        stack = _stack_of(info.value)
+        assert "in _end_process" in stack and "in step" in stack and "Fatal Python error" not in stack
+        assert stack.rstrip().endswith("(the worker's Python stack where it hung, from faulthandler, above)")
+        assert env._res.processes[1].is_alive()  # asked for its stacks, not killed: close() does that
+    finally:
+        env.close()
+
+
+def test_a_hanging_rare_command_names_the_env_and_shows_where_it_hangs():
+    env = ShmVecEnv(_crash_fns(bad=2, at=1, how="hang", where="attr"), n_workers=2, start_method="fork",
+                    timeout=1.0)
+    try:
+        env.reset()
+        with pytest.raises(WorkerTimeoutError) as info:
+            env.get_attr("explode")
+        assert "worker 1 (envs 2..3, in env 2) did not answer within 1 s." in str(info.value)
+        assert "in explode" in _stack_of(info.value)
+    finally:
+        env.close()
+
+
+def test_no_dump_signal_goes_to_a_worker_whose_env_took_it_over():
+    fns = _crash_fns()
+    fns[3] = functools.partial(faultenvs.make_dump_signal_taker_env, 3, at=2, how="hang")
+    env = ShmVecEnv(fns, n_workers=2, start_method="fork", timeout=1.0)
+    try:
+        env.reset()
+        env.step(_actions(0))
+        with pytest.raises(WorkerTimeoutError, match=r"\(envs 2..3; worker 1, in env 3\)") as info:
+            env.step(_actions(1))
+        assert info.value.__cause__ is None and "faulthandler" not in str(info.value)
+        assert env._res.processes[1].is_alive()  # the signal's default action would have killed it
+    finally:
+        env.close()
+
+
+def test_catches_reads_the_signal_handlers_of_a_process():
+    assert _crash.catches(os.getpid(), signal.SIGINT)  # Python's own handler
+    old = signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    try:
+        assert not _crash.catches(os.getpid(), signal.SIGUSR2)
+        signal.signal(signal.SIGUSR2, lambda *_: None)
+        assert _crash.catches(os.getpid(), signal.SIGUSR2)
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+    assert not _crash.catches(2**22 + 12345, signal.SIGINT)  # no such process
+
+
+def test_a_restart_reason_names_the_env():
+    env = ShmVecEnv(_crash_fns(bad=3, at=2, how="segv"), n_workers=2, start_method="fork", on_failure="restart")
+    try:
+        env.reset()
+        env.step(_actions(0))
+        with pytest.warns(WorkerRestartWarning, match=r"worker 1 died with signal SIGSEGV \(11\), in env 3"):
+            out = env.step(_actions(1))
+        assert "in env 3" in out[3][2][RESTART_INFO_KEY]
     finally:
         env.close()
 

@@ -496,6 +496,26 @@ def test_recv_timeout_counts_from_the_last_env_that_arrived():
         pool.close()  # terminates the sleeping worker
 
 
+def test_recv_timeout_names_the_stuck_env_and_shows_where_it_hangs():
+    from shmvec import WorkerTimeoutError
+    from shmvec._errors import WorkerStacks
+
+    fns = [functools.partial(testenvs.make_sleepy_env, 0.0)] * 3 + [functools.partial(testenvs.make_sleepy_env, 60.0)]
+    pool = ShmEnvPool(fns, batch_size=4, n_workers=2, start_method="fork", timeout=0.6)
+    try:
+        pool.reset()
+        pool.send(np.zeros(4, dtype=np.int64))
+        with pytest.raises(WorkerTimeoutError) as info:
+            pool.recv()
+        # Worker 0 is idle (its envs came back): only worker 1, in env 3, is named and asked.
+        assert "1 of batch_size=4 envs did not finish within 0.6 s; worker 1, in env 3. " in str(info.value)
+        stack = info.value.__cause__
+        assert isinstance(stack, WorkerStacks) and "testenvs.py" in str(stack) and "in step" in str(stack)
+        assert "worker 0" not in str(stack)
+    finally:
+        pool.close()  # terminates the sleeping worker
+
+
 def test_info_larger_than_its_slot_names_the_env():
     from shmvec._pool import InfoTooLargeError
 
