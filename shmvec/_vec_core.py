@@ -160,7 +160,7 @@ class _Resources:
     words: Words | None = None
     views: Any = None
     released: bool = False
-    died_in_close: list[tuple[int, int | None]] = []
+    died_in_close: list[tuple[int, int | None, str]] = []  # (worker, exit code, its crash report)
     ready: frozenset[int] | set[int] = frozenset()  # workers past the handshake (they serve the words)
     owner_pid: int | None = None  # the process that built them: a forked child never releases them
 
@@ -218,7 +218,8 @@ class _Resources:
         for w, p in alive:
             p.join(max(0.0, deadline - time.monotonic()))
         # Asked to close, they exited on their own: a non-zero code is a crash in env.close().
-        self.died_in_close = [(w, p.exitcode) for w, p in alive if not p.is_alive() and p.exitcode != 0]
+        self.died_in_close = [(w, p.exitcode, _crash.read_report(self.crash_conns[w]) if w < len(self.crash_conns) else "")
+                              for w, p in alive if not p.is_alive() and p.exitcode != 0]
 
     def _free(self, alive: list) -> list[tuple[int, dict]]:
         close_errors: list[tuple[int, dict]] = []
@@ -798,13 +799,14 @@ class VecCore(Uncopyable, Recovery):
             _, packed = errors[0]
             raise unpack_exception(packed, "Everything else was released.")
         if res.died_in_close:
-            w, code = res.died_in_close[0]
+            w, code, report = res.died_in_close[0]
             sl = self.slices[w]
             raise WorkerDiedError(
                 f"worker {w} (envs {sl.start}..{sl.stop - 1}) died during close with {describe_exitcode(code)} "
-                "(in an env's close(), most likely). Everything was released anyway.",
+                "(in an env's close(), most likely" + ("; its Python stack is shown above" if report else "")
+                + "). Everything was released anyway.",
                 worker=w, env_indices=sl, exitcode=code,
-            )
+            ) from (WorkerStacks(report, "when it died") if report else None)
 
     def get_images(self) -> Sequence[np.ndarray | None]:
         if self.render_mode != "rgb_array":

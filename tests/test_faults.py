@@ -315,6 +315,10 @@ def test_worker_dying_in_env_close_is_reported_after_everything_is_released(how,
         env.close()
     assert time.monotonic() - start < 5.0
     assert info.value.worker == 0 and "close" in str(info.value)
+    if how == "segv":  # the env's close() that crashed, in the stack
+        assert "its Python stack is shown above" in str(info.value) and "in close" in _stack_of(info.value)
+    else:
+        assert info.value.__cause__ is None
     env.close()  # idempotent; the leak check verifies that nothing is left
 
 
