@@ -172,12 +172,13 @@ How failures are noticed
   ENV_AT[w] says which env worker w is in: only the worker writes it, with
   relaxed stores, and the parent reads it only as a hint for these messages
   (after the worker died, or while it hangs), never to decide anything.  At
-  the start of STEP and RESET the worker stores the first env of its slice;
-  while it steps its envs in order, the observation writer (RowWriter, in C)
-  stores i + 1 once env i's observation is in place, so that no Python store
-  is added per env; elsewhere (reset, the pool, rare commands, masks, close)
-  each assignment of the worker's ``current`` stores it, and NO_ENV when the
-  worker is in its own code.  A value outside the slice means "in none".
+  the start of STEP the worker stores the first env of its slice; while it
+  steps its envs in order, the observation writer (RowWriter, in C) stores
+  i + 1 once env i's observation is in place, so that no Python store is
+  added per env.  The pool (envs in any order) stores i before each env.
+  Elsewhere (RESET, rare commands, masks, close) each assignment of the
+  worker's ``current`` stores it, and NO_ENV when the worker is back in its
+  own code.  A value outside the slice means "in none".
 - The parent dies: each worker's wait times out every PARENT_POLL_S and
   checks the parent through a pidfd (or its pid); the worker then exits.  The
   segment itself was unlinked once every worker had attached, so nothing stays
