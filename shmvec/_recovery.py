@@ -63,12 +63,14 @@ from multiprocessing import reduction
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
+from shmvec import _crash
 from shmvec import _protocol as P
 from shmvec._errors import (
     SpaceError,
     TooManyRestartsError,
     WorkerDiedError,
     WorkerRestartWarning,
+    WorkerStacks,
     WorkerTimeoutError,
     broken_by,
     describe_exitcode,
@@ -129,6 +131,7 @@ class Recovery:
         self._reset_args = {}
         self._last_obs = None
         self._unwarned = []  # (first restart's number, {worker: reason}, command): not yet warned
+        self._failure_stacks = {}  # worker -> its Python stack when it failed (shmvec._crash), until warned
 
     def _remember_obs(self, obs: Any) -> Any:
         """Keeps what ``step_wait``/``reset`` return: the terminal observation of a restarted env."""
@@ -162,6 +165,9 @@ class Recovery:
                 for w in posted:
                     if w not in failed and not done(w):
                         at = self._env_of(w)
+                        stacks = self._stacks([w])  # where it hung, for the warning, before it goes
+                        if stacks is not None:
+                            self._failure_stacks[w] = stacks.tb
                         self._res.processes[w].kill()
                         failed[w] = (f"worker {w} did not answer within timeout={self.timeout:g} s"
                                      + ("" if at is None else f" (stuck in env {at})") + " and was killed")
@@ -248,9 +254,18 @@ class Recovery:
         return sorted(self._sentinels[s] for s in mp_wait(list(self._sentinels), timeout=0))
 
     def _death_reason(self, w: int) -> str:
-        proc = self._res.processes[w]
+        res = self._res
+        proc = res.processes[w]
         proc.join(_DIED_JOIN_S)  # the sentinel can be ready a moment before the exit code
+        stack = _crash.read_report(res.crash_conns[w])  # before _stop_worker closes its pipe
+        if stack:
+            self._failure_stacks[w] = stack
         return f"worker {w} died with {describe_exitcode(proc.exitcode)}{self._in_env(w)}"
+
+    def _failure_stack(self, w: int) -> WorkerStacks | None:
+        """Worker w's stack when it failed, once (``_failure_stacks``), for its warning or error."""
+        stack = self._failure_stacks.pop(w, "")
+        return WorkerStacks(stack, "when it failed") if stack else None
 
     def _restart_workers(self, failed: dict[int, str], command: str) -> dict[int, dict]:
         """Replaces the failed workers, resets their envs; returns their reset infos by env index."""
@@ -266,11 +281,14 @@ class Recovery:
                         f"{self.restarts + len(failed)} restarts")
             else:
                 over = ""
+            stack = self._failure_stack(w)
+            self._failure_stacks.clear()
             raise broken_by(self, TooManyRestartsError(
                 f"worker {w} (envs {sl.start}..{sl.stop - 1}) failed during {command} ({reason}){over}: over the "
                 f"limit set by max_restarts={self.max_restarts} ({self.restarts} restarts so far). The envs keep "
-                f"failing: fix them, or raise max_restarts (None: no limit). {_BROKEN_HINT}"
-            ))
+                f"failing: fix them, or raise max_restarts (None: no limit). "
+                + ("Its Python stack when it failed (faulthandler) is shown above. " if stack else "") + _BROKEN_HINT
+            ), cause=stack)
         self.restarts += len(failed)
         step_timeout = self.timeout
         if step_timeout is not None:
@@ -315,9 +333,11 @@ class Recovery:
         }.get(command, f"the next step reports their episodes as truncated, with info[{RESTART_INFO_KEY!r}]")
         for count, (w, reason) in enumerate(failed.items(), start=first):
             sl = self.slices[w]
+            stack = self._failure_stack(w)
             warnings.warn(
                 f"shmvec: worker {w} (envs {sl.start}..{sl.stop - 1}) failed during {command} ({reason}) and was "
-                f"restarted (restart {count}, {limit}); its envs were rebuilt and reset, and {report}.",
+                f"restarted (restart {count}, {limit}); its envs were rebuilt and reset, and {report}."
+                + ("" if stack is None else f" Its Python stack when it failed (faulthandler):\n{stack.tb}"),
                 WorkerRestartWarning, stacklevel=_user_stacklevel(),
             )
 

@@ -232,14 +232,25 @@ def test_catches_reads_the_signal_handlers_of_a_process():
     assert not _crash.catches(2**22 + 12345, signal.SIGINT)  # no such process
 
 
-def test_a_restart_reason_names_the_env():
-    env = ShmVecEnv(_crash_fns(bad=3, at=2, how="segv"), n_workers=2, start_method="fork", on_failure="restart")
+def test_a_restart_names_the_env_and_warns_with_the_stack(tmp_path):
+    fns = _crash_fns(bad=3, at=2, how="segv")
+    fns[1] = functools.partial(faultenvs.make_crash_env, 1, at=3, how="hang", once=str(tmp_path / "hung-once"))
+    env = ShmVecEnv(fns, n_workers=2, start_method="fork", on_failure="restart", max_restarts=2, timeout=1.0)
     try:
         env.reset()
         env.step(_actions(0))
-        with pytest.warns(WorkerRestartWarning, match=r"worker 1 died with signal SIGSEGV \(11\), in env 3"):
+        with pytest.warns(WorkerRestartWarning, match=r"worker 1 died with signal SIGSEGV \(11\), in env 3") as rec:
             out = env.step(_actions(1))
         assert "in env 3" in out[3][2][RESTART_INFO_KEY]
+        warned = str(rec[0].message)
+        assert "Its Python stack when it failed (faulthandler):" in warned and "in _maybe_crash" in warned
+        with pytest.warns(WorkerRestartWarning, match=r"did not answer within timeout=1 s \(stuck in env 1\)") as rec:
+            env.step(_actions(2))  # env 1 hangs: its worker is asked for its stack, then killed
+        assert "in _end_process" in str(rec[0].message)
+        with pytest.raises(TooManyRestartsError, match="in env 3") as info:
+            for k in range(3, 8):  # env 3, rebuilt, crashes again at its second step
+                env.step(_actions(k))
+        assert "in _maybe_crash" in _stack_of(info.value)
     finally:
         env.close()
 
