@@ -57,6 +57,17 @@ def _actions(k: int, n: int = N) -> np.ndarray:
     return np.array([(k + i) % 3 for i in range(n)], dtype=np.int64)
 
 
+def _second_step_raises(env: ShmVecEnv, kind: type) -> tuple[BaseException, float]:
+    """Resets ``env``, steps it once, then expects ``kind`` from the second step; returns the
+    exception and the seconds that step took to raise."""
+    env.reset()
+    env.step(_actions(0))
+    start = time.monotonic()
+    with pytest.raises(kind) as info:
+        env.step(_actions(1))
+    return info.value, time.monotonic() - start
+
+
 def _zombie_or_gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -78,13 +89,8 @@ def _wait_dead(proc, timeout: float = 5.0) -> None:
 def test_native_crash_in_step_raises_worker_died_error_then_broken(how, what):
     env = ShmVecEnv(_crash_fns(bad=3, at=2, how=how), n_workers=2, start_method="fork")
     try:
-        env.reset()
-        env.step(_actions(0))
-        start = time.monotonic()
-        with pytest.raises(WorkerDiedError) as info:
-            env.step(_actions(1))
-        assert time.monotonic() - start < 3.0
-        exc = info.value
+        exc, seconds = _second_step_raises(env, WorkerDiedError)
+        assert seconds < 3.0
         assert exc.worker == 1 and list(exc.env_indices) == [2, 3]
         assert what in str(exc) and "worker 1" in str(exc) and "envs 2..3" in str(exc) and "step" in str(exc)
         assert exc.exitcode == -getattr(signal, what)
@@ -125,14 +131,11 @@ def _stack_of(exc: BaseException) -> str:
 def test_native_crash_names_the_env_and_carries_the_workers_python_stack(method, bad):
     env = ShmVecEnv(_crash_fns(bad=bad, at=2, how="segv"), n_workers=2, start_method=method)
     try:
-        env.reset()
-        env.step(_actions(0))
-        with pytest.raises(WorkerDiedError) as info:
-            env.step(_actions(1))
-        message = str(info.value)
+        exc, _ = _second_step_raises(env, WorkerDiedError)
+        message = str(exc)
         assert f"worker 1 (envs 2..3) died during step with signal SIGSEGV (11), in env {bad}. " in message
         assert "Its Python stack when it died (faulthandler) is shown above." in message
-        stack = _stack_of(info.value)
+        stack = _stack_of(exc)
         assert "Fatal Python error: Segmentation fault" in stack
         assert "faultenvs.py" in stack and "in _end_process" in stack and "in _maybe_crash" in stack
         assert "Extension modules" not in stack  # Python's list of them is noise here
@@ -175,16 +178,12 @@ def test_native_crash_in_a_factory_carries_its_stack():
 def test_a_hanging_step_names_the_env_and_shows_where_it_hangs(method):
     env = ShmVecEnv(_crash_fns(bad=3, at=2, how="hang"), n_workers=2, start_method=method, timeout=1.0)
     try:
-        env.reset()
-        env.step(_actions(0))
-        start = time.monotonic()
-        with pytest.raises(WorkerTimeoutError) as info:
-            env.step(_actions(1))
-        assert time.monotonic() - start < 6.0  # the timeout, then at most a second for the stacks
-        message = str(info.value)
+        exc, seconds = _second_step_raises(env, WorkerTimeoutError)
+        assert seconds < 6.0  # the timeout, then at most a second for the stacks
+        message = str(exc)
         assert "workers [1] (envs 2..3; worker 1, in env 3) did not answer within 1 s" in message
         assert "Where each was is shown above (faulthandler)." in message
-        stack = _stack_of(info.value)
+        stack = _stack_of(exc)
         assert "in _end_process" in stack and "in step" in stack and "Fatal Python error" not in stack
         assert stack.rstrip().endswith("(the worker's Python stack where it hung, from faulthandler, above)")
         assert env._res.processes[1].is_alive()  # asked for its stacks, not killed: close() does that
@@ -210,11 +209,9 @@ def test_no_dump_signal_goes_to_a_worker_whose_env_took_it_over():
     fns[3] = functools.partial(faultenvs.make_dump_signal_taker_env, 3, at=2, how="hang")
     env = ShmVecEnv(fns, n_workers=2, start_method="fork", timeout=1.0)
     try:
-        env.reset()
-        env.step(_actions(0))
-        with pytest.raises(WorkerTimeoutError, match=r"\(envs 2..3; worker 1, in env 3\)") as info:
-            env.step(_actions(1))
-        assert info.value.__cause__ is None and "faulthandler" not in str(info.value)
+        exc, _ = _second_step_raises(env, WorkerTimeoutError)
+        assert "(envs 2..3; worker 1, in env 3)" in str(exc)
+        assert exc.__cause__ is None and "faulthandler" not in str(exc)
         assert env._res.processes[1].is_alive()  # the signal's default action would have killed it
     finally:
         env.close()
