@@ -213,6 +213,14 @@ class FirstFailure:
         obj.__dict__[self.name] = None if exc is None else detached(exc)
 
 
+def caused(exc: BaseException, cause: BaseException | None) -> BaseException:
+    """``exc`` with ``cause`` as its ``__cause__`` if there is one (as ``raise exc from cause``,
+    without touching ``__suppress_context__`` when there is none); returns ``exc``."""
+    if cause is not None:
+        exc.__cause__ = cause
+    return exc
+
+
 def broken_by(vec_env: Any, exc: BaseException, cause: BaseException | None = None) -> BaseException:
     """Records ``exc`` as what broke ``vec_env`` and returns it, to be raised as ``raise broken_by(self, X(...))``;
     ``cause``, if given, becomes its ``__cause__`` (as ``raise X from cause``).
@@ -222,9 +230,7 @@ def broken_by(vec_env: Any, exc: BaseException, cause: BaseException | None = No
     breaks the cycle.  Where an exception must sit in a local first, the raising code clears the
     local in a ``finally``.
     """
-    if cause is not None:
-        exc.__cause__ = cause
-    vec_env._broken = exc
+    vec_env._broken = caused(exc, cause)
     return exc
 
 

@@ -53,6 +53,7 @@ from shmvec._errors import (
     WorkerStacks,
     WorkerTimeoutError,
     broken_by,
+    caused,
     describe_exitcode,
     unpack_exception,
 )
@@ -406,7 +407,7 @@ class VecCore(Uncopyable, Recovery):
             self.timeout = max(timeout, _START_TIMEOUT_FLOOR_S)  # read by the pipe waits
         self._constructing = True
         try:
-            self._start_workers(payloads, worker_threads, mailbox_bytes)
+            self._start_workers(mailbox_bytes)
         except BaseException as exc:
             self.closed = True
             if isinstance(exc, WorkerTimeoutError):
@@ -458,7 +459,7 @@ class VecCore(Uncopyable, Recovery):
             child_conn.close()
             crash_writer.close()
 
-    def _start_workers(self, payloads: list[bytes], threads: int | None, mailbox_bytes: int) -> None:
+    def _start_workers(self, mailbox_bytes: int) -> None:
         res = self._res
         assert res is not None
         # Started before any worker so that every worker shares it (fork copies its fd), and an
@@ -801,12 +802,12 @@ class VecCore(Uncopyable, Recovery):
         if res.died_in_close:
             w, code, report = res.died_in_close[0]
             sl = self.slices[w]
-            raise WorkerDiedError(
+            raise caused(WorkerDiedError(
                 f"worker {w} (envs {sl.start}..{sl.stop - 1}) died during close with {describe_exitcode(code)} "
                 "(in an env's close(), most likely" + ("; its Python stack is shown above" if report else "")
                 + "). Everything was released anyway.",
                 worker=w, env_indices=sl, exitcode=code,
-            ) from (WorkerStacks(report, "when it died") if report else None)
+            ), WorkerStacks(report, "when it died") if report else None)
 
     def get_images(self) -> Sequence[np.ndarray | None]:
         if self.render_mode != "rgb_array":
@@ -1147,13 +1148,12 @@ class VecCore(Uncopyable, Recovery):
         if report:
             why += " Its Python stack when it died (faulthandler) is shown above."
         sl = self.slices[w]
-        self._broken = err = WorkerDiedError(
+        err = WorkerDiedError(
             f"worker {w} (envs {sl.start}..{sl.stop - 1}) {what} with {describe_exitcode(proc.exitcode)}"
             f"{self._in_env(w)}. {why} " + (_START_HINT if self._constructing else _BROKEN_HINT),
             worker=w, env_indices=sl, exitcode=proc.exitcode,
         )
-        if report:
-            err.__cause__ = WorkerStacks(report, "when it died")
+        broken_by(self, err, WorkerStacks(report, "when it died") if report else None)
         return err
 
     def _env_of(self, w: int) -> int | None:

@@ -140,8 +140,9 @@ def test_native_crash_names_the_env_and_carries_the_workers_python_stack(method,
         assert "faultenvs.py" in stack and "in _end_process" in stack and "in _maybe_crash" in stack
         assert "Extension modules" not in stack  # Python's list of them is noise here
         assert stack.rstrip().endswith("(the worker's Python stack when it died, from faulthandler, above)")
-        with pytest.raises(BrokenVecEnvError, match="in env"):
+        with pytest.raises(BrokenVecEnvError, match="in env") as broken:
             env.step(_actions(2))
+        assert "in _maybe_crash" in _stack_of(broken.value.__cause__)  # the kept failure keeps its stack
     finally:
         env.close()
 
