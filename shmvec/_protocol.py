@@ -172,8 +172,8 @@ How failures are noticed
   ENV_AT[w] says which env worker w is in: only the worker writes it, with
   relaxed stores, and the parent reads it only as a hint for these messages
   (after the worker died, or while it hangs), never to decide anything.  At
-  the start of STEP the worker stores the first env of its slice; while it
-  steps its envs in order, the observation writer (RowWriter, in C) stores
+  the start of each synchronous command (STEP, RESET, POOL) the worker stores
+  the first env of its slice; while it steps its envs in order, the observation writer (RowWriter, in C) stores
   i + 1 once env i's observation is in place, so that no Python store is
   added per env.  The pool (envs in any order) stores i before each env.
   Elsewhere (RESET, rare commands, masks, close) each assignment of the

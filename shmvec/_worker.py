@@ -274,6 +274,8 @@ class _Worker:
         words = self.words
         assert words is not None
         status, result_len = P.Status.OK, 0
+        # ENV_AT: the slice's first env; the step loops' write_obs moves it on, env by env.
+        words.store(self._env_at, self.start)
         try:
             result_len = self._put_result(body())
         except BaseException as exc:  # an env's sys.exit() too: the parent decides what it means
@@ -332,7 +334,6 @@ class _Worker:
 
     def _step(self) -> list:
         start = self.start
-        self.words.store(self._env_at, start)  # then write_obs moves it on, env by env
         write_obs, write_term = self.write_obs, self.write_term
         rews, terms, truncs, items = [], [], [], []
         add_rew, add_term, add_trunc = rews.append, terms.append, truncs.append  # 0.07 us/env less
@@ -387,7 +388,6 @@ class _Worker:
         (its action is ignored, its reward is 0 and its flags False; its info is the reset info).
         DISABLED: the same, but nothing is marked finished (the parent resets ended envs)."""
         start = self.start
-        self.words.store(self._env_at, start)  # then write_obs moves it on, env by env
         write_obs, finished = self.write_obs, self.finished
         next_step = self.autoreset == P.AUTORESET_NEXT_STEP
         rews, terms, truncs, items = [], [], [], []
