@@ -144,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
             if it % reset_iters == reset_iters - 1:
                 env.reset()
                 resets += 1
+                # A worker killed just after it finished the step is found dead by this reset (the
+                # kill and the reset share an iteration by default): the reset reports its envs.
+                flagged += sum(1 for info in env.reset_infos if RESTART_INFO_KEY in info)
         if not before:
             before = measure(env)
             warm_time = time.perf_counter()
