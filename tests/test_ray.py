@@ -31,6 +31,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
 from stable_baselines3.common.vec_env import DummyVecEnv  # noqa: E402
 
+import faultenvs  # noqa: E402
 import testenvs  # noqa: E402
 from conftest import leaks_since, take_snapshot  # noqa: E402
 from helpers import assert_pool_matches_dummy, assert_same, close_all  # noqa: E402
@@ -487,6 +488,26 @@ def test_env_exception_in_step_is_raised_as_itself(cluster):
         assert "boom after 2 steps" in str(info.value.__cause__)  # the worker's traceback
         with pytest.raises(BrokenVecEnvError):
             env.reset()
+    finally:
+        close_all(env)
+
+
+def test_a_native_crash_inside_an_actor_brings_its_stack_to_the_driver(cluster):
+    """A worker of an actor's ShmVecEnv dies of SIGSEGV: the driver's WorkerDiedError names the env
+    (local to the actor, as for an env's exception) and its cause, the actor's traceback, holds the
+    worker's Python stack at the crash (shmvec._crash)."""
+    fns = [functools.partial(faultenvs.make_crash_env, i, **({"at": 2, "how": "segv"} if i == 3 else {}))
+           for i in range(4)]
+    env = None
+    try:
+        env = RayShmVecEnv(fns, n_actors=2, timeout=60)
+        env.reset()
+        env.step(np.zeros(4, dtype=np.int64))
+        with pytest.raises(WorkerDiedError) as info:
+            env.step(np.zeros(4, dtype=np.int64))
+        assert "signal SIGSEGV (11), in env 1" in str(info.value)  # env 1 of actor 1's two
+        actor_tb = str(info.value.__cause__)
+        assert "Fatal Python error: Segmentation fault" in actor_tb and "in _maybe_crash" in actor_tb
     finally:
         close_all(env)
 
