@@ -140,6 +140,11 @@ class WorkerStacks(RemoteTraceback):
         super().__init__(tb)
         self.when = when
 
+    @classmethod
+    def of(cls, tb: str, when: str) -> "WorkerStacks | None":
+        """The stacks ``tb`` as a cause to attach, or None where the worker wrote none."""
+        return cls(tb, when) if tb else None
+
     def __reduce__(self) -> tuple:
         return type(self), (self.tb, self.when)
 

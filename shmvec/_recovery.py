@@ -63,7 +63,6 @@ from multiprocessing import reduction
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
-from shmvec import _crash
 from shmvec import _protocol as P
 from shmvec._errors import (
     SpaceError,
@@ -257,7 +256,7 @@ class Recovery:
         res = self._res
         proc = res.processes[w]
         proc.join(_DIED_JOIN_S)  # the sentinel can be ready a moment before the exit code
-        stack = _crash.read_report(res.crash_conns[w])  # before _stop_worker closes its pipe
+        stack = res.crash_report(w)  # before _stop_worker closes its pipe
         if stack:
             self._failure_stacks[w] = stack
         return f"worker {w} died with {describe_exitcode(proc.exitcode)}{self._in_env(w)}"
@@ -265,7 +264,7 @@ class Recovery:
     def _failure_stack(self, w: int) -> WorkerStacks | None:
         """Worker w's stack when it failed, once (``_failure_stacks``), for its warning or error."""
         stack = self._failure_stacks.pop(w, "")
-        return WorkerStacks(stack, "when it failed") if stack else None
+        return WorkerStacks.of(stack, "when it failed")
 
     def _restart_workers(self, failed: dict[int, str], command: str) -> dict[int, dict]:
         """Replaces the failed workers, resets their envs; returns their reset infos by env index."""

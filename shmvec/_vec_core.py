@@ -219,8 +219,12 @@ class _Resources:
         for w, p in alive:
             p.join(max(0.0, deadline - time.monotonic()))
         # Asked to close, they exited on their own: a non-zero code is a crash in env.close().
-        self.died_in_close = [(w, p.exitcode, _crash.read_report(self.crash_conns[w]) if w < len(self.crash_conns) else "")
+        self.died_in_close = [(w, p.exitcode, self.crash_report(w))
                               for w, p in alive if not p.is_alive() and p.exitcode != 0]
+
+    def crash_report(self, w: int) -> str:
+        """What dead worker w wrote to its crash pipe (shmvec._crash), or ""."""
+        return _crash.read_report(self.crash_conns[w]) if w < len(self.crash_conns) else ""
 
     def _free(self, alive: list) -> list[tuple[int, dict]]:
         close_errors: list[tuple[int, dict]] = []
@@ -807,7 +811,7 @@ class VecCore(Uncopyable, Recovery):
                 "(in an env's close(), most likely" + ("; its Python stack is shown above" if report else "")
                 + "). Everything was released anyway.",
                 worker=w, env_indices=sl, exitcode=code,
-            ), WorkerStacks(report, "when it died") if report else None)
+            ), WorkerStacks.of(report, "when it died"))
 
     def get_images(self) -> Sequence[np.ndarray | None]:
         if self.render_mode != "rgb_array":
@@ -1144,7 +1148,7 @@ class VecCore(Uncopyable, Recovery):
         proc.join(join_s)
         if why is None:
             why = self._death_hint(proc.exitcode)
-        report = _crash.read_report(res.crash_conns[w]) if w < len(res.crash_conns) else ""
+        report = res.crash_report(w)
         if report:
             why += " Its Python stack when it died (faulthandler) is shown above."
         sl = self.slices[w]
@@ -1153,7 +1157,7 @@ class VecCore(Uncopyable, Recovery):
             f"{self._in_env(w)}. {why} " + (_START_HINT if self._constructing else _BROKEN_HINT),
             worker=w, env_indices=sl, exitcode=proc.exitcode,
         )
-        broken_by(self, err, WorkerStacks(report, "when it died") if report else None)
+        broken_by(self, err, WorkerStacks.of(report, "when it died"))
         return err
 
     def _env_of(self, w: int) -> int | None:
@@ -1181,7 +1185,7 @@ class VecCore(Uncopyable, Recovery):
                 stacks = _crash.dump_stacks(res.processes[w].pid, res.crash_conns[w])
                 if stacks:
                     parts.append(f"worker {w}:\n{stacks}" if len(workers) > 1 else stacks)
-        return WorkerStacks("\n\n".join(parts), "where it hung") if parts else None
+        return WorkerStacks.of("\n\n".join(parts), "where it hung")
 
     def _wait_conn(self, w: int, command: str) -> None:
         """Blocks until worker w's pipe has data; raises if the worker dies or the timeout passes."""
