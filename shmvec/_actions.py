@@ -58,7 +58,7 @@ def make_action_checks(action_space: spaces.Space, paths: list[tuple], policy: s
         return {}
     checks: dict[tuple, Check] = {}
     for path in paths:
-        check = _leaf_check(subspace(action_space, path), path, policy)
+        check = leaf_check(subspace(action_space, path), path, policy)
         if check is not None:
             checks[path] = check
     return checks
@@ -152,7 +152,7 @@ def _int_range(space: spaces.Space) -> tuple[Any, Any, str]:
     return 0, 2, "0 or 1"
 
 
-def _leaf_check(space: spaces.Space, path: tuple, policy: str) -> Check | None:
+def leaf_check(space: spaces.Space, path: tuple, policy: str) -> Check | None:
     where = _where(path)
     if isinstance(space, spaces.Box):
         if np.dtype(space.dtype).kind != "f":

@@ -11,8 +11,10 @@ keeps the type name, the message and the traceback.
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 import signal
+import sys
 import traceback
 from typing import Any
 
@@ -295,3 +297,18 @@ def unpack_exception(packed: dict[str, Any], hint: str) -> BaseException:
     )
     exc.__cause__ = RemoteTraceback(packed["traceback"])
     return exc
+
+
+def user_stacklevel() -> int:
+    """The stack level of the first frame outside shmvec and SB3's vec env base (for warnings)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not (path.startswith(here) or os.sep + os.path.join("common", "vec_env") + os.sep in path):
+            return level
+        frame = frame.f_back
+        level += 1
+    return 1
+

@@ -276,3 +276,6 @@ PIPE_WAIT_POLL_S = 0.02
 
 # Default size of each worker's mailbox (bytes); larger results use the pipe.
 MAILBOX_BYTES = 1 << 20
+
+# The info key that marks an env restarted by on_failure="restart" (shmvec._recovery).
+RESTART_INFO_KEY = "shmvec_restarted"

@@ -64,7 +64,9 @@ from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
 from shmvec import _protocol as P
+from shmvec._protocol import RESTART_INFO_KEY
 from shmvec._errors import (
+    user_stacklevel,
     SpaceError,
     TooManyRestartsError,
     WorkerDiedError,
@@ -78,7 +80,6 @@ from shmvec._errors import (
 from shmvec._layout import make_scatter
 
 ON_FAILURE = ("raise", "restart")
-RESTART_INFO_KEY = "shmvec_restarted"
 _ERROR = int(P.Status.ERROR)
 _BROKEN_HINT = "The vec env cannot go on: call close() and build a new one."
 # Bounds of stopping a failed worker that is still alive: polite, then SIGTERM, then SIGKILL.
@@ -337,7 +338,7 @@ class Recovery:
                 f"shmvec: worker {w} (envs {sl.start}..{sl.stop - 1}) failed during {command} ({reason}) and was "
                 f"restarted (restart {count}, {limit}); its envs were rebuilt and reset, and {report}."
                 + ("" if stack is None else f" Its Python stack when it failed (faulthandler):\n{stack.tb}"),
-                WorkerRestartWarning, stacklevel=_user_stacklevel(),
+                WorkerRestartWarning, stacklevel=user_stacklevel(),
             )
 
     def _stop_worker(self, w: int) -> None:
@@ -442,18 +443,3 @@ def _env_obs(batch: Any, i: int) -> Any:
     if isinstance(batch, tuple):
         return tuple(_env_obs(value, i) for value in batch)
     return batch[i]
-
-
-def _user_stacklevel() -> int:
-    """The stack level of the first frame outside shmvec and SB3's vec env base (for warnings)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    frame = sys._getframe(1)
-    level = 1
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if not (path.startswith(here) or os.sep + os.path.join("common", "vec_env") + os.sep in path):
-            return level
-        frame = frame.f_back
-        level += 1
-    return 1
-

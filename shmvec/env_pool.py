@@ -42,7 +42,7 @@ from shmvec.shm_vector_env import _Engine, gym_vector_seeds, per_env_values, usa
 _CLOSE_S = 5.0
 
 
-class _InfoBatch:
+class InfoBatch:
     """Stands in for a VectorEnv of ``batch_size`` envs so that Gymnasium's own ``_add_info`` builds the infos."""
 
     def __init__(self, n: int) -> None:
@@ -202,7 +202,7 @@ class ShmEnvPool(Uncopyable):
         self._owner = np.asarray(engine._owner, dtype=np.int64)
         self._starts_i64 = np.asarray(self._starts, dtype=np.int64)
         self._spin = engine._parent_spin
-        self._infos = _InfoBatch(batch_size)
+        self._infos = InfoBatch(batch_size)
 
     def _attach_pool(self, engine: _Engine, info_bytes: int) -> None:
         layout = self._pool_layout = _pool.PoolLayout(engine.slices, info_bytes)

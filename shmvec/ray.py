@@ -66,9 +66,10 @@ from shmvec._errors import (
     WorkerTimeoutError,
     broken_by,
 )
-from shmvec._actions import _leaf_check, exact_integers, rows_reshaped
+from shmvec._actions import leaf_check, exact_integers, rows_reshaped
 from shmvec._layout import group_by_slice, split_envs
-from shmvec._recovery import RESTART_INFO_KEY, _user_stacklevel
+from shmvec._errors import user_stacklevel
+from shmvec._protocol import RESTART_INFO_KEY
 from shmvec._worker import dumps as _dumps  # pickle, or cloudpickle for classes of __main__
 
 __all__ = ["RayShmVecEnv", "RayActorDiedError", "TooManyRestartsError", "WorkerRestartWarning"]
@@ -649,7 +650,7 @@ class _RayActorGroup(Uncopyable):
         messages, self._unwarned = self._unwarned, []
         for message in messages:
             try:
-                warnings.warn(message, WorkerRestartWarning, stacklevel=_user_stacklevel())
+                warnings.warn(message, WorkerRestartWarning, stacklevel=user_stacklevel())
             except Warning as exc:
                 if broken and self._broken is None:
                     self._broken = exc
@@ -1066,7 +1067,7 @@ def _split_actions(space: spaces.Space, actions: Any, n_envs: int, slices: list[
                              "other integers are accepted for an integer space only when every value is a whole "
                              "number that fits)")
         arr = exact
-    check = _leaf_check(space, keys, policy) if policy != "ignore" else None
+    check = leaf_check(space, keys, policy) if policy != "ignore" else None
     if check is not None:
         check(arr)  # InvalidActionError (global env indices) before any actor is sent anything
     return [arr[sl.start:sl.stop] for sl in slices]

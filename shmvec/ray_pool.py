@@ -68,7 +68,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from shmvec._errors import InvalidActionError, ShmVecEnvError
-from shmvec.env_pool import _InfoBatch, by_env_id, checked_send_ids
+from shmvec.env_pool import InfoBatch, by_env_id, checked_send_ids
 from shmvec.shm_vector_env import gym_vector_seeds, per_env_values
 from shmvec.ray import RayActorDiedError, _concatenator, _RayActorGroup, _split_actions
 from shmvec.vec_env_pool import ShmVecEnvPool
@@ -154,7 +154,7 @@ class RayShmEnvPool(_RayActorGroup):
         self._sends = []  # (actor, ref) of calls that only delivered actions
         self._arrived: list[dict[str, Any]] = []  # batches arrived, rows not yet returned
         self._running = False
-        self._infos = _InfoBatch(batch_size)
+        self._infos = InfoBatch(batch_size)
 
     # ---- the pool ---------------------------------------------------------------------------------------
     def async_reset(self, seed: int | list[int | None] | None = None,

@@ -42,7 +42,7 @@ from shmvec._actions import make_action_checks
 from shmvec import WorkerTimeoutError, _crash
 from shmvec._errors import RemoteTraceback, WorkerStacks
 from shmvec._layout import space_leaves
-from shmvec._recovery import RESTART_INFO_KEY
+from shmvec._protocol import RESTART_INFO_KEY
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 N = 4  # envs; two workers of two envs each: worker 1 owns envs 2 and 3

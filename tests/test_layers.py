@@ -1,0 +1,207 @@
+"""The package's imports point down its layers, form no cycle, and take no private name across modules.
+
+Every ``import`` in every module of ``shmvec`` is read from its source (imports inside functions
+included, which hide cycles from Python itself), and checked against ``LAYERS``: a module may
+import modules of its own layer or of lower ones, never of a higher one.  Within one layer the
+imports must still form no cycle.  ``from shmvec.x import _name`` (a private name of another
+module, not a submodule) and ``x._name`` on an imported shmvec module are refused.
+
+The layers (docs/design.md, "Layers"), lowest first.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import shmvec
+
+PACKAGE_DIR = Path(shmvec.__file__).parent
+
+LAYERS: list[tuple[str, list[str]]] = [
+    ("native", ["shmvec._sync", "shmvec._queue", "shmvec._rows", "shmvec._codec"]),
+    ("protocol", ["shmvec._protocol", "shmvec._errors", "shmvec._copyguard", "shmvec._crash", "shmvec._segment"]),
+    ("values", ["shmvec._actions", "shmvec._layout", "shmvec._masks"]),
+    ("factories", ["shmvec._pickling", "shmvec._seeds", "shmvec._machine", "shmvec._describe", "shmvec.factories",
+                   "shmvec._options"]),
+    ("worker", ["shmvec._worker", "shmvec._pool"]),
+    ("engine parts", ["shmvec._workers", "shmvec._channel", "shmvec._restarts", "shmvec._engine"]),
+    ("front-ends", ["shmvec.shm_vec_env", "shmvec.shm_vector_env", "shmvec.env_pool", "shmvec.vec_env_pool"]),
+    ("package", ["shmvec"]),
+    ("ray", ["shmvec.ray", "shmvec.ray_pool"]),
+    ("tools", ["shmvec.bench", "shmvec._bench", "shmvec.doctor", "shmvec._startup"]),
+]
+
+
+def _layer_of(module: str) -> int:
+    """The layer of ``module``: that of its longest listed prefix (``shmvec.ray.actor`` is in ``shmvec.ray``)."""
+    best, best_len = None, -1
+    for rank, (_, names) in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best_len:
+                best, best_len = rank, len(name)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer of tests/test_layers.py: add it to LAYERS")
+    return best
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package (``.py`` and ``.pyx``) by dotted name."""
+    out = {}
+    for path in sorted(PACKAGE_DIR.rglob("*")):
+        if path.suffix not in (".py", ".pyx") or "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(PACKAGE_DIR.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    is_pkg = MODULES[module].name == "__init__.py"
+    base = module.split(".")
+    base = base if is_pkg else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(module: str) -> list[tuple[str, int, str | None]]:
+    """(imported shmvec module, line, imported name or None) for every import in ``module``.
+
+    ``from shmvec.x import y`` counts as an import of ``shmvec.x.y`` when that is a module.
+    Cython's ``cimport`` lines are read as imports of the ``.pxd`` they name (no layer of their own).
+    """
+    path = MODULES[module]
+    if path.suffix == ".pyx":
+        return []  # C-level modules: they cimport .pxd declarations only (checked by the build)
+    tree = ast.parse(path.read_text(), str(path))
+    found: list[tuple[str, int, str | None]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "shmvec" or alias.name.startswith("shmvec."):
+                    found.append((alias.name, node.lineno, None))
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, node)
+            if target != "shmvec" and not target.startswith("shmvec."):
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                if sub in MODULES:
+                    found.append((sub, node.lineno, None))
+                else:
+                    found.append((target, node.lineno, alias.name))
+    return found
+
+
+def _known(name: str) -> str:
+    """``name`` cut back to a module we have (``shmvec._core`` compiled from ``_core.pyx`` is one)."""
+    while name not in MODULES and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def test_every_module_has_a_layer():
+    for module in MODULES:
+        _layer_of(module)
+
+
+def test_imports_point_down():
+    upward = []
+    for module in MODULES:
+        mine = _layer_of(module)
+        for target, line, _ in _imports(module):
+            target = _known(target)
+            if target == module or module.startswith(target + ".") and MODULES[target].name == "__init__.py":
+                continue  # a package's own __init__ (shmvec.ray.actor importing shmvec.ray's names is not allowed)
+            theirs = _layer_of(target)
+            if theirs > mine:
+                upward.append(f"{module}:{line} imports {target} ({LAYERS[mine][0]} -> {LAYERS[theirs][0]})")
+    assert not upward, "imports that point up the layers:\n" + "\n".join(dict.fromkeys(upward))
+
+
+def test_no_import_cycle():
+    graph = {m: sorted({_known(t) for t, _, _ in _imports(m)} - {m}) for m in MODULES}
+    # A submodule importing its package's __init__ is an import of the package's public names:
+    # part of the graph like any other, so shmvec.ray.x must not import shmvec.ray.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in graph.get(m, []):
+            if t not in graph:
+                continue
+            if state.get(t) == 1:
+                cycles.append(" -> ".join(stack[stack.index(t):] + [t]))
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m)
+    # The package's own __init__ is imported (as the parent package) by every submodule at run
+    # time, but lazily re-exports its front-ends: an edge from it is a cycle only if it is eager.
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_no_private_name_across_modules():
+    bad = []
+    for module in MODULES:
+        path = MODULES[module]
+        if path.suffix != ".py":
+            continue
+        for target, line, name in _imports(module):
+            if name is not None and name.startswith("_") and not name.startswith("__"):
+                bad.append(f"{module}:{line} imports {name} from {target}")
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                target = _resolve(module, node)
+                for alias in node.names:
+                    if f"{target}.{alias.name}" in MODULES:
+                        aliases[alias.asname or alias.name] = f"{target}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("shmvec.") and alias.asname:
+                        aliases[alias.asname] = alias.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                bad.append(f"{module}:{node.lineno} uses {node.value.id}.{node.attr} ({aliases[node.value.id]})")
+    assert not bad, "private names used across modules:\n" + "\n".join(dict.fromkeys(bad))
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if MODULES[m].suffix == ".py"))
+def test_module_size(module):
+    """No module over about 700 lines (the protocol's design document aside)."""
+    if module == "shmvec._protocol":
+        return
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= 720, f"{module} has {lines} lines: split it by responsibility"
+
+
+def test_class_size():
+    """No class over about 450 lines."""
+    big = []
+    for module, path in MODULES.items():
+        if path.suffix != ".py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 460:
+                big.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not big, "classes to split:\n" + "\n".join(big)
