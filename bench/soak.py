@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from shmvec import ShmVecEnv  # noqa: E402
 from shmvec._errors import WorkerRestartWarning  # noqa: E402
-from shmvec._recovery import RESTART_INFO_KEY  # noqa: E402
+from shmvec._protocol import RESTART_INFO_KEY  # noqa: E402
 
 
 def make_cartpole() -> gym.Env:
@@ -59,7 +59,7 @@ def shm_segments() -> int:
 
 def measure(env: ShmVecEnv) -> dict[str, float]:
     me = psutil.Process()
-    workers = [psutil.Process(p.pid) for p in env._res.processes]
+    workers = [psutil.Process(p.pid) for p in env._engine.workers.processes]
     return {
         "parent RSS (MiB)": me.memory_info().rss / 2**20,
         "workers RSS (MiB)": sum(w.memory_info().rss for w in workers) / 2**20,
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             if it % kill_iters == kill_iters - 1:
                 t0 = time.perf_counter()
                 env.step_async(acts)
-                victim = env._res.processes[rng.randrange(args.n_workers)]
+                victim = env._engine.workers.processes[rng.randrange(args.n_workers)]
                 os.kill(victim.pid, signal.SIGKILL)
                 kills += 1
                 _, _, dones, infos = env.step_wait()

@@ -9,7 +9,7 @@ step.  Prints the medians of each interval (microseconds)::
     python bench/step_timeline.py --n-envs 8 --steps 5000 --spin-us 1000 1000
 
 A diagnostic, not a benchmark: the stamps cost about a microsecond each.  It wraps private
-methods (``_Worker._sync_command``, ``ShmVecEnv._complete_or_raise``) and needs ``fork``, so
+methods (``_Worker._sync_command``, ``Engine._complete_or_raise``) and needs ``fork``, so
 that the workers inherit the wrappers.  ``step`` is what SB3's loops call: ``ShmVecEnv.step``
 (its short way, or ``step_async`` + ``step_wait``).
 """
@@ -25,6 +25,7 @@ import numpy as np
 from stable_baselines3.common.env_util import make_vec_env
 
 from shmvec import ShmVecEnv
+from shmvec import _engine as E
 from shmvec import _worker as W
 from shmvec import shm_vec_env as S
 
@@ -37,7 +38,7 @@ def _install(table: np.ndarray):
     """Wraps the four methods to stamp ``table``; returns the function that unwraps them."""
     rows = table.shape[0]
     clock = time.perf_counter
-    sync, step, complete = W._Worker._sync_command, S.ShmVecEnv.step, S.ShmVecEnv._complete_or_raise
+    sync, step, complete = W._Worker._sync_command, S.ShmVecEnv.step, E.Engine._complete_or_raise
 
     def timed_sync(self, seq, name, body):
         row, col = seq % rows, WORKER0 + 2 * self.index
@@ -50,24 +51,24 @@ def _install(table: np.ndarray):
         return sync(self, seq, name, timed_body)
 
     def timed_step(self, actions):
-        row = (self._seq[0] + 1) % rows
+        row = (self._engine.seqs[0] + 1) % rows
         table[row, ASYNC] = clock()
         out = step(self, actions)
         table[row, RETURNED] = clock()
         return out
 
     def timed_complete(self, command, deadline_s):
-        table[self._seq[0] % rows, WAIT] = clock()
+        table[self.seqs[0] % rows, WAIT] = clock()
         out = complete(self, command, deadline_s)
-        table[self._seq[0] % rows, WAIT_DONE] = clock()
+        table[self.seqs[0] % rows, WAIT_DONE] = clock()
         return out
 
     def restore() -> None:
         W._Worker._sync_command = sync
-        S.ShmVecEnv.step, S.ShmVecEnv._complete_or_raise = step, complete
+        S.ShmVecEnv.step, E.Engine._complete_or_raise = step, complete
 
     W._Worker._sync_command = timed_sync
-    S.ShmVecEnv.step, S.ShmVecEnv._complete_or_raise = timed_step, timed_complete
+    S.ShmVecEnv.step, E.Engine._complete_or_raise = timed_step, timed_complete
     return restore
 
 
@@ -93,7 +94,7 @@ def timeline(n_envs: int, steps: int, n_workers: int = 2, spin_us: tuple | None 
             for k in range(steps):
                 env.step(actions[k % 256])
             elapsed = time.perf_counter() - t0
-            last = env._seq[0]
+            last = env._engine.seqs[0]
         finally:
             env.close()
             restore()

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 from gymnasium import spaces
 
-from shmvec._core import ACTIONS_COPY, ACTIONS_NO_NAN, ACTIONS_RANGE
+from shmvec._core import ACTIONS_COPY, ACTIONS_NO_NAN, ACTIONS_RANGE, copy_actions
 from shmvec._errors import InvalidActionError, InvalidActionWarning
 
 INVALID_ACTIONS = ("raise", "warn", "ignore")
@@ -214,3 +214,72 @@ def rows_reshaped(arr: np.ndarray, n_rows: int, row_shape: tuple) -> np.ndarray 
 
 def _squeezed(shape: tuple) -> tuple:
     return tuple(d for d in shape if d != 1)
+
+
+class ActionWriter:
+    """Writes a batch of actions into the shared action buffers, checking it once on the way.
+
+    ``leaves`` are the action space's leaves (:func:`shmvec._layout.space_leaves`), ``buffers``
+    the shared arrays by leaf path.  The usual batch (an ndarray of the right shape and dtype
+    whose values pass the check) is checked and copied in one C call; anything else is reshaped
+    (one row per env), cast where that is exact, checked (NaN, out of range: ``policy``), copied.
+    """
+
+    def __init__(self, action_space: spaces.Space, leaves: list, buffers: Any, n_envs: int, policy: str) -> None:
+        self.leaves = list(leaves)
+        self.buffers = buffers
+        self.n_envs = n_envs
+        paths = [leaf.path for leaf in self.leaves]
+        self.checks = make_action_checks(action_space, paths, policy)
+        self.fast = make_fast_copies(action_space, paths, policy)
+        # One action leaf whose batch copy_actions checks and copies in one C call: (buffer, *args).
+        fast = self.fast.get(()) if len(self.leaves) == 1 else None
+        self.single = (buffers[()], *fast) if fast is not None else None
+
+    def release(self) -> None:
+        """Drops the views of the buffers (before they are unmapped): a traceback that keeps a frame
+        of :meth:`write` keeps this object, which must not keep the mapping."""
+        self.buffers = self.single = None
+
+    def write(self, actions: Any) -> None:
+        """:raises ValueError: the actions do not fit the space (shape, dtype); ``InvalidActionError``
+        (a ValueError): NaN or out of range, naming the envs (``invalid_actions="raise"``)."""
+        if len(self.leaves) == 1 and self.leaves[0].path == ():
+            self._write_leaf(self.leaves[0], actions)
+            return
+        for leaf in self.leaves:
+            value = actions
+            for key in leaf.path:
+                value = value[key]
+            self._write_leaf(leaf, value)
+
+    def _write_leaf(self, leaf: Any, value: Any) -> None:
+        # No local name for a view of the buffers: the traceback of an exception raised here
+        # would keep the mapping (and its fd) alive after close().
+        fast = self.fast.get(leaf.path)
+        if fast is not None and copy_actions(value, self.buffers[leaf.path], *fast):
+            return  # an ndarray of the right shape and dtype whose values pass the check
+        arr = np.asarray(value)
+        shape = (self.n_envs, *leaf.shape)
+        if arr.shape != shape:
+            rows = rows_reshaped(arr, self.n_envs, leaf.shape)
+            if rows is None:
+                where = "".join(f"[{k!r}]" for k in leaf.path)
+                raise ValueError(
+                    f"actions{where} have shape {arr.shape}; expected {shape} "
+                    f"(n_envs={self.n_envs} x the action space's {leaf.shape}; one row per env, first)"
+                )
+            arr = rows
+        if arr.dtype != leaf.dtype and (leaf.dtype.kind in "iu" or not np.can_cast(arr.dtype, leaf.dtype, "same_kind")):
+            exact = exact_integers(arr, leaf.dtype)  # whole floats, as SB3 sends MultiBinary actions
+            if exact is None:
+                where = "".join(f"[{k!r}]" for k in leaf.path)
+                raise ValueError(
+                    f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype} "
+                    "(floats or other integers are accepted for an integer space only when every value is a whole "
+                    "number that fits)")
+            arr = exact
+        check = self.checks.get(leaf.path)
+        if check is not None:
+            check(arr)  # NaN, out of range: raises InvalidActionError (or warns) naming the envs
+        np.copyto(self.buffers[leaf.path], arr, casting="unsafe")

@@ -93,36 +93,6 @@ class InvalidActionWarning(RuntimeWarning):
     """With ``invalid_actions="warn"``: actions that are NaN or out of range were passed on to the envs."""
 
 
-class Uncopyable:
-    """For the classes that own worker processes and shared memory: ``copy.copy``,
-    ``copy.deepcopy`` and pickling raise a ``TypeError`` that says what to do.
-
-    Without it, ``copy.copy`` made a second object sharing the first one's workers and blocks,
-    and dropping either closed both (the other then failed with ``Words used after release()``);
-    ``copy.deepcopy`` and ``pickle`` failed on multiprocessing's ``AuthenticationString``."""
-
-    __slots__ = ()
-
-    def _not_copyable(self) -> TypeError:
-        name = type(self).__name__
-        rebuild = (f" To rebuild it elsewhere, save {name}.describe() and call {name}.from_description()."
-                   if hasattr(type(self), "describe") else "")
-        return TypeError(
-            f"a {name} cannot be copied or pickled: it owns worker processes and shared memory, which a copy "
-            "would share (dropping either copy would close both). Build another one from the same env "
-            f"factories.{rebuild}"
-        )
-
-    def __copy__(self) -> Any:
-        raise self._not_copyable()
-
-    def __deepcopy__(self, memo: dict) -> Any:
-        raise self._not_copyable()
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        raise self._not_copyable()
-
-
 class RemoteTraceback(Exception):
     """Carries a worker's formatted traceback; shown as the ``__cause__`` of the re-raised error."""
 
@@ -201,23 +171,6 @@ def detached(exc: BaseException, depth: int = 0) -> BaseException:
     kept.__context__ = None if exc.__context__ is None else detached(exc.__context__, depth + 1)
     kept.__suppress_context__ = exc.__suppress_context__
     return kept
-
-
-class FirstFailure:
-    """A data descriptor for a vec env's ``_broken``: stores what :func:`detached` gives.
-
-    It has no ``__get__``: a read finds the value in the instance's ``__dict__``, as a plain
-    attribute (the step's short way reads it every step), so the owner's ``__init__`` must set
-    it (to None) before anything else; unset, a read gives this descriptor.  Raise the exception
-    you created, not ``self._broken`` read back: that is the copy, and raising it would give it
-    the traceback (and the cycle) the copy exists to avoid.
-    """
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __set__(self, obj: Any, exc: BaseException | None) -> None:
-        obj.__dict__[self.name] = None if exc is None else detached(exc)
 
 
 def caused(exc: BaseException, cause: BaseException | None) -> BaseException:

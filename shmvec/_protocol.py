@@ -184,7 +184,7 @@ How failures are noticed
   segment itself was unlinked once every worker had attached, so nothing stays
   in /dev/shm whatever dies.
 
-Restarting a worker (on_failure="restart"; shmvec._recovery)
+Restarting a worker (on_failure="restart"; shmvec._restarts)
 -------------------------------------------------------------
 The parent waits until every live worker has answered: PENDING reaches the
 number of failed workers that never decremented it (a worker writes DONE_SEQ
@@ -249,6 +249,38 @@ class Status(enum.IntEnum):
     ERROR = 1
 
 
+class Pipe(enum.StrEnum):
+    """The tag of a message on a worker's pipe (a ``(tag, payload)`` pair).  String values: a
+    tag compares equal to its plain string, and a message pickles as small as before."""
+
+    # parent -> worker, during the handshake
+    ATTACH = "attach"  # map the block by name (first start)
+    ATTACH_FD = "attach_fd"  # map the block from the descriptor that follows (a restart)
+    ABORT = "abort"  # the parent gave up during the handshake: exit
+    # worker -> parent
+    SPACES = "spaces"  # handshake 1: the envs' spaces, render mode, metadata, mask support
+    READY = "ready"  # handshake 2: attached, serving the words
+    OK = "ok"  # a rare command's answer
+    ERROR = "error"  # an exception, packed (shmvec._errors.pack_exception)
+    CLOSED = "closed"  # the worker's last message: it is exiting (with what env.close() raised)
+
+
+class Call(enum.StrEnum):
+    """The rare commands: sent on the pipe as ``(call, args)`` once ``Cmd.PIPE`` is posted."""
+
+    GET_ATTR = "get_attr"
+    HAS_ATTR = "has_attr"
+    SET_ATTR = "set_attr"
+    ENV_METHOD = "env_method"
+    CALL = "call"  # Gymnasium's VectorEnv.call: call it if callable, else return it
+    SET_WRAPPER_ATTR = "set_wrapper_attr"  # Gymnasium's VectorEnv.set_attr: {env index: value}
+    IS_WRAPPED = "is_wrapped"
+    RENDER = "render"
+    ACTION_MASKS = "action_masks"  # the parent's first ask for masks: now, then after every step
+    ACTION_MASKS_OFF = "action_masks_off"  # the first ask failed in another worker: all stay off
+    POOL_ATTACH = "pool_attach"  # once per worker: attach the pool's segment (shmvec._pool)
+
+
 def word(worker: int, offset: int) -> int:
     """Index of a worker's word in the control array."""
     return (1 + worker) * ROW_WORDS + offset
@@ -277,5 +309,5 @@ PIPE_WAIT_POLL_S = 0.02
 # Default size of each worker's mailbox (bytes); larger results use the pipe.
 MAILBOX_BYTES = 1 << 20
 
-# The info key that marks an env restarted by on_failure="restart" (shmvec._recovery).
+# The info key that marks an env restarted by on_failure="restart" (shmvec._restarts).
 RESTART_INFO_KEY = "shmvec_restarted"

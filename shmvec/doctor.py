@@ -35,8 +35,8 @@ SHM_DIR = "/dev/shm"
 SMALL_SHM_BYTES = 512 * 2**20
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS")
-#: Cores that other processes keep busy, from which the doctor warns: one busy process on 2
-#: cores took ShmVecEnv from about 2x to 0.3x-0.8x DummyVecEnv (see check_cores).
+#: Cores that other processes keep busy, from which the doctor warns: a busy core takes one
+#: from the workers, which then wait for each other (docs/design.md; see check_cores).
 BUSY_CORES_WARN = 0.5
 #: Predicted ShmVecEnv / DummyVecEnv speed below which the doctor advises DummyVecEnv.
 WORTH_IT = 1.2

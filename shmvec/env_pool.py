@@ -35,9 +35,12 @@ from shmvec import _pool
 from shmvec import _protocol as P
 from shmvec._actions import exact_integers, rows_reshaped
 from shmvec._core import IndexQueue, copy_actions, load_result, push_in_flight, release_in_flight, send_ids_valid
-from shmvec._errors import InvalidActionError, ShmVecEnvError, Uncopyable, WorkerTimeoutError, broken_by
+from shmvec._copyguard import Uncopyable
+from shmvec._engine import Engine
+from shmvec._errors import InvalidActionError, ShmVecEnvError, WorkerTimeoutError
+from shmvec._state import record
 from shmvec._layout import close_mapping, make_gather
-from shmvec.shm_vector_env import _Engine, gym_vector_seeds, per_env_values, usable_engine
+from shmvec.shm_vector_env import gym_engine, gym_vector_seeds, per_env_values, usable_engine
 
 _CLOSE_S = 5.0
 
@@ -103,7 +106,7 @@ def checked_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray) -> np.n
         if ids.size and ids.dtype.kind not in "iu":  # 0.7 or "3" truncated, a bool mask read as 0/1
             raise ValueError(f"env_ids must be integers, got {ids.tolist()} ({ids.dtype})")
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-    if send_ids_valid(in_flight.view(np.uint8), ids):  # the usual case, in one C pass (8 us -> 1 us)
+    if send_ids_valid(in_flight.view(np.uint8), ids):  # the usual case, in one C pass
         return ids
     if ids.size and (ids.min() < 0 or ids.max() >= num_envs):
         raise ValueError(f"env_ids must be in [0, {num_envs}), got {ids.tolist()}")
@@ -138,7 +141,7 @@ class ShmEnvPool(Uncopyable):
     """
 
     # Class-level defaults: close() and __del__ are safe on a half-built object.
-    _engine: _Engine | None = None
+    _engine: Engine | None = None
     # Gymnasium's batched infos in recv(); False (the SB3 face, shmvec.vec_env_pool, which reads
     # row_infos) batches only the final observations: no batching error for arrays of uneven length.
     batch_infos = True
@@ -173,8 +176,8 @@ class ShmEnvPool(Uncopyable):
             raise ValueError(f"batch_size must be in [1, {len(env_fns)}] for {len(env_fns)} envs, got {batch_size}")
         self.batch_size = batch_size
         worker_mode = P.AUTORESET_NEXT_STEP if mode == AutoresetMode.NEXT_STEP else P.AUTORESET_SAME_STEP
-        self._engine = engine = _Engine(
-            env_fns, worker_mode, owner=type(self).__name__, n_workers=n_workers, start_method=start_method, copy=True,
+        self._engine = engine = gym_engine(
+            env_fns, worker_mode, type(self).__name__, n_workers=n_workers, start_method=start_method, copy=True,
             worker_threads=worker_threads, timeout=timeout, spin_us=spin_us, **engine_kwargs,
         )
         self.closed = False
@@ -191,7 +194,7 @@ class ShmEnvPool(Uncopyable):
         self.action_space = batch_space(self.single_action_space, batch_size)
         self.metadata = dict(engine.metadata)
         self.metadata["autoreset_mode"] = mode
-        self.render_mode = engine.render_mode
+        self.render_mode = engine.env_render_mode()
         self._in_flight = np.zeros(self.num_envs, dtype=np.bool_)
         self._pending_infos: dict[int, Any] = {}
         self._partial: list[int] = []
@@ -199,12 +202,12 @@ class ShmEnvPool(Uncopyable):
         self._starts = [sl.start for sl in engine.slices]
         # For push_in_flight (send): the same flags as bytes, each env's worker and first env.
         self._in_flight_u8 = self._in_flight.view(np.uint8)
-        self._owner = np.asarray(engine._owner, dtype=np.int64)
+        self._owner = np.asarray(engine.owner, dtype=np.int64)
         self._starts_i64 = np.asarray(self._starts, dtype=np.int64)
-        self._spin = engine._parent_spin
+        self._spin = engine.parent_spin_s
         self._infos = InfoBatch(batch_size)
 
-    def _attach_pool(self, engine: _Engine, info_bytes: int) -> None:
+    def _attach_pool(self, engine: Engine, info_bytes: int) -> None:
         layout = self._pool_layout = _pool.PoolLayout(engine.slices, info_bytes)
         pres = self._pres = _PoolResources()
         self._pool_finalizer = weakref.finalize(self, pres.release)
@@ -217,11 +220,11 @@ class ShmEnvPool(Uncopyable):
         self._info_len, self._info_slots = layout.info_views(buf)
         pres.views = (self._info_len, self._info_slots)
         targets = [sl.start for sl in engine.slices]  # one env per worker: each attaches once
-        engine._pipe_call("pool_attach", targets, (pres.shm.name, engine.slices, engine.num_envs, engine.n_workers,
-                                                    engine._layout.mailbox_bytes, info_bytes, engine._worker_spin))
+        engine.call(P.Call.POOL_ATTACH, targets, (pres.shm.name, engine.slices, engine.num_envs, engine.n_workers,
+                                                    engine.layout.mailbox_bytes, info_bytes, engine.options.worker_spin_s))
         pres.unlink()
-        self._obs_rows = make_gather(engine.observation_space, engine._views.obs, copy=False)
-        self._term_obs = engine._term_obs
+        self._obs_rows = make_gather(engine.observation_space, engine.views.obs, copy=False)
+        self._term_obs = engine.term_obs
 
     # ---- the pool ---------------------------------------------------------------------------------------
     def async_reset(self, seed: int | list[int | None] | None = None,
@@ -246,14 +249,14 @@ class ShmEnvPool(Uncopyable):
             pass
         self._partial = []
         self._in_flight[:] = False
-        results = engine._reset_workers(seeds, per_env)
+        results = engine.reset(seeds, per_env)
         self._pending_infos = {}
         for items in results:
             for i, info in items:
                 self._pending_infos[i] = info
-        engine._views.rew[:] = 0.0  # (no local of the views: see _rows)
-        engine._views.terminated[:] = False
-        engine._views.truncated[:] = False
+        engine.views.rew[:] = 0.0  # (no local of the views: see _rows)
+        engine.views.terminated[:] = False
+        engine.views.truncated[:] = False
         self._info_len[:] = 0
         try:
             # Every env is ready to be received; interrupted (Ctrl-C) part way, none is, so
@@ -328,19 +331,19 @@ class ShmEnvPool(Uncopyable):
                 if v is None:  # published, but an earlier slot is still being filled
                     v = out_q.pop_to(ids, P.POLL_S, self._spin, error_bit)
             if v is None:
-                engine._check_workers_alive("pool recv")
+                engine.channel.check_alive("pool recv")
                 now = time.monotonic()
                 if since is None or stamped_at != len(ids):
                     since, stamped_at = now - P.POLL_S, len(ids)  # this poll waited POLL_S already
                 if engine.timeout is not None and now - since >= engine.timeout:
                     # The out queue is empty: every env in flight and not in ids is with its worker.
                     arrived = set(ids)
-                    busy = sorted({engine._owner[i] for i in np.flatnonzero(self._in_flight).tolist()
+                    busy = sorted({engine.owner[i] for i in np.flatnonzero(self._in_flight).tolist()
                                    if i not in arrived})
-                    stacks = engine._stacks(busy)
-                    raise broken_by(engine, WorkerTimeoutError(
+                    stacks = engine.workers.stacks(busy)
+                    raise record(engine.status, WorkerTimeoutError(
                         f"pool recv: {n - len(ids)} of batch_size={n} envs did not finish within {engine.timeout:g} s"
-                        + "".join(f"; worker {w}{engine._in_env(w)}" for w in busy) + ". "
+                        + "".join(f"; worker {w}{engine.workers.in_env(w)}" for w in busy) + ". "
                         + ("Where each was is shown above (faulthandler). " if stacks else "")
                         + "An env may hang; call close() (it terminates the workers) and build a new pool."
                     ), cause=stacks)
@@ -358,17 +361,17 @@ class ShmEnvPool(Uncopyable):
     # ---- rare calls (the pool stops meanwhile; whatever is in flight completes first) ------------------
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method ``name`` of every env (or returns the attribute if it is not callable)."""
-        return self._paused_call("call", (name, args, kwargs))
+        return self._paused_call(P.Call.CALL, (name, args, kwargs))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         return self.call(name)
 
     def set_attr(self, name: str, values: Any) -> None:
         """One value per env (a list or tuple of ``num_envs``), or the same value for all."""
-        self._paused_call("set_wrapper_attr", (name, per_env_values(values, self.num_envs)))
+        self._paused_call(P.Call.SET_WRAPPER_ATTR, (name, per_env_values(values, self.num_envs)))
 
     def render(self) -> tuple[Any, ...]:
-        return self._paused_call("render", ())
+        return self._paused_call(P.Call.RENDER, ())
 
     def close(self) -> None:
         """Stops the pool and the workers, frees both shared-memory segments.  Idempotent."""
@@ -381,8 +384,8 @@ class ShmEnvPool(Uncopyable):
                 if self._running:
                     try:
                         self._stop_workers()  # workers still serving the pool then see CLOSE
-                        if engine._broken is None:
-                            engine._complete("pool", deadline_s=_CLOSE_S)
+                        if engine.status.failure is None:
+                            engine.complete("pool", deadline_s=_CLOSE_S)
                     except BaseException:
                         pass  # close() below terminates what did not stop
                 self._running = False
@@ -409,7 +412,7 @@ class ShmEnvPool(Uncopyable):
                 pass
 
     # ---- internals --------------------------------------------------------------------------------------
-    def _usable(self) -> _Engine:
+    def _usable(self) -> Engine:
         return usable_engine(self)
 
     def _check_usable(self) -> None:
@@ -422,7 +425,7 @@ class ShmEnvPool(Uncopyable):
         # Running from before the post: interrupted after it, close() still stops the workers
         # (it sends STOP only to a running pool; a worker serving the pool ignores CLOSE).
         self._running = True
-        engine._post(P.Cmd.POOL)
+        engine.post(P.Cmd.POOL)
 
     def _stop_workers(self) -> None:
         for q in self._in_qs:
@@ -439,10 +442,9 @@ class ShmEnvPool(Uncopyable):
             assert engine is not None
             try:
                 self._stop_workers()
-                engine._complete("pool")
+                engine.complete("pool")
             except BaseException as exc:
-                if engine._broken is None:  # _complete marks what happens in its wait
-                    engine._broken = exc
+                engine.status.fail(exc)  # (complete() records what happens in its wait)
                 raise
             self._running = False
 
@@ -456,15 +458,15 @@ class ShmEnvPool(Uncopyable):
         running = self._running
         self._stop()
         try:
-            return tuple(engine._pipe_call(name, indices, args))
+            return tuple(engine.call(name, indices, args))
         finally:
-            if running and engine._broken is None:
+            if running and engine.status.failure is None:
                 self._start()
 
-    def _write_rows(self, engine: _Engine, actions: Any, ids: np.ndarray) -> None:
+    def _write_rows(self, engine: Engine, actions: Any, ids: np.ndarray) -> None:
         # No local name for a view of the block: the traceback of an error raised here (kept by
         # the caller) would keep the mapping open after close().
-        for leaf in engine._act_leaves:
+        for leaf in engine.actions.leaves:
             value = actions
             for key in leaf.path:
                 value = value[key]
@@ -482,30 +484,30 @@ class ShmEnvPool(Uncopyable):
                     where = "".join(f"[{k!r}]" for k in leaf.path)
                     raise ValueError(f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype}")
                 arr = exact
-            check = engine._act_checks.get(leaf.path)
-            fast = engine._act_fast.get(leaf.path)
+            check = engine.actions.checks.get(leaf.path)
+            fast = engine.actions.fast.get(leaf.path)
             if check is not None and (fast is None or not copy_actions(arr, np.empty_like(arr), *fast)):
                 # Out of range, NaN (as ShmVecEnv, invalid_actions=), before anything is sent; the
-                # usual batch passed copy_actions' check in one C pass (0.5 us, not 4).
+                # usual batch passed copy_actions' check in one C pass (docs/design.md).
                 try:
                     check(arr)
                 except InvalidActionError as exc:
                     raise by_env_id(exc, ids) from None
-            engine._views.act[leaf.path][ids] = arr.astype(leaf.dtype, copy=False)
+            engine.views.act[leaf.path][ids] = arr.astype(leaf.dtype, copy=False)
 
     def _payload(self, i: int) -> Any:
         """Env i's message in its info slot (its infos for this row), or None."""
         n = int(self._info_len[i])
         return load_result(self._info_slots[i, :n]) if n else None
 
-    def _rows(self, engine: _Engine, idx: np.ndarray):
+    def _rows(self, engine: Engine, idx: np.ndarray):
         # Fancy indexing: arrays of their own.  No local keeps a view of a shared segment past
         # its use: a traceback that keeps this frame (an info Gymnasium cannot batch raises in
         # ``add``) would keep the segment mapped after close().
         obs = self._obs_rows(idx)
-        rewards = engine._views.rew[idx]
-        terminated = engine._views.terminated[idx]
-        truncated = engine._views.truncated[idx]
+        rewards = engine.views.rew[idx]
+        terminated = engine.views.terminated[idx]
+        truncated = engine.views.truncated[idx]
         infos: dict[str, Any] = {}
         add = self._infos._add_info
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP

@@ -1,28 +1,36 @@
 """ShmVecEnv: a Stable-Baselines3 ``VecEnv`` whose workers step slices of envs in shared memory.
 
-The engine is :class:`shmvec._vec_core.VecCore`; this module gives it SB3's ``VecEnv`` as its
-base.  The protocol between the engine and its workers is written down in
-:mod:`shmvec._protocol`; the buffers are laid out by :mod:`shmvec._layout`.
+It holds an :class:`shmvec._engine.Engine` and speaks SB3's ``VecEnv`` API over it: SB3's
+``dones``/``infos`` (``TimeLimit.truncated``, ``terminal_observation``), ``reset_infos``, seeds
+and options for the next ``reset()``, ``describe()``.  The engine does the rest: workers, shared
+memory, the protocol (:mod:`shmvec._protocol`), failures and restarts.
 """
 
 from __future__ import annotations
 
-from stable_baselines3.common.vec_env.base_vec_env import VecEnv
+import collections
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from shmvec._vec_core import (  # noqa: F401 - names that callers import from here
-    DEFAULT_PARENT_SPIN_US,
-    DEFAULT_WORKER_SPIN_US,
-    VecCore,
-    _cores,
-    _Resources,
-    default_n_workers,
-    default_start_method,
-)
+import gymnasium as gym
+import numpy as np
+from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
+
+from shmvec import _protocol as P
+from shmvec import factories as F
+from shmvec._copyguard import Uncopyable
+from shmvec._core import copy_actions, step_infos
+from shmvec._engine import Engine
+from shmvec._errors import NoAsyncCallError
+from shmvec._masks import METHOD as MASKS_METHOD
+from shmvec._options import DEFAULT_PARENT_SPIN_US, DEFAULT_WORKER_SPIN_US  # noqa: F401 - imported from here
+from shmvec._state import IDLE
 
 __all__ = ["ShmVecEnv"]
 
 
-class ShmVecEnv(VecCore, VecEnv):
+class ShmVecEnv(Uncopyable, VecEnv):
     """A vectorized environment whose workers step slices of the envs in shared memory.
 
     A drop-in for SB3's ``SubprocVecEnv``::
@@ -59,7 +67,7 @@ class ShmVecEnv(VecCore, VecEnv):
         call raises (``WorkerDiedError``, ``WorkerTimeoutError`` or the env's own exception) and
         the vec env is broken.  ``"restart"``: the worker is restarted, its envs rebuilt from
         their factories and reset, and their episodes reported as truncated with
-        ``info["shmvec_restarted"]`` saying why (see :mod:`shmvec._recovery`); a
+        ``info["shmvec_restarted"]`` saying why (see docs/failures.md); a
         ``WorkerRestartWarning`` is emitted each time.  With ``copy=False`` it costs one copy of
         the observations per step (the terminal observation of a restarted env must survive).
     :param max_restarts: with ``on_failure="restart"``, how many restarts a vec env may do in
@@ -93,3 +101,275 @@ class ShmVecEnv(VecCore, VecEnv):
     :raises WorkerDiedError: a worker died while starting.
     :raises ValueError: an option is out of its range.
     """
+
+    _engine: Engine | None = None  # class-level: close() and __del__ are safe on a half-built object
+    _fast: tuple | None = None
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]],
+        n_workers: int | None = None,
+        start_method: str | None = None,
+        copy: bool = True,
+        worker_threads: int | None = 1,
+        timeout: float | None = None,
+        spin_us: float | tuple[float, float] | None = None,
+        mailbox_bytes: int = P.MAILBOX_BYTES,
+        on_failure: str = "raise",
+        max_restarts: int | None = 100,
+        invalid_actions: str = "raise",
+        envs_per_worker: int | None = None,
+        cpu_affinity: bool | Sequence[int | Sequence[int]] | None = None,
+        preload: Sequence[str] | None = None,
+        action_masks: bool | None = None,
+    ) -> None:
+        self._engine = engine = Engine(
+            env_fns, batch_dict=collections.OrderedDict, public_name=type(self).__name__, n_workers=n_workers,
+            start_method=start_method, copy=copy, worker_threads=worker_threads, timeout=timeout, spin_us=spin_us,
+            mailbox_bytes=mailbox_bytes, on_failure=on_failure, max_restarts=max_restarts,
+            invalid_actions=invalid_actions, envs_per_worker=envs_per_worker, cpu_affinity=cpu_affinity,
+            preload=preload, action_masks=action_masks,
+        )
+        self._seed_arg: Any = None
+        self._options_arg: Any = None
+        try:
+            super().__init__(engine.num_envs, engine.observation_space, engine.action_space)
+        except BaseException:
+            self.close()
+            raise
+        self.metadata = engine.metadata
+        cls = type(self)
+        overridden = cls.step_async is not ShmVecEnv.step_async or cls.step_wait is not ShmVecEnv.step_wait
+        # step()'s short way (one C call checks and copies the actions), unless a subclass
+        # replaced step_async or step_wait, or restarts keep books of their own.
+        self._fast = engine.step_actions if not overridden and engine.restarts is None else None
+
+    # ---- options, as attributes ---------------------------------------------------------------------
+    n_workers = property(lambda self: self._engine.n_workers)
+    start_method = property(lambda self: self._engine.options.start_method)
+    copy = property(lambda self: self._engine.options.copy)
+    slices = property(lambda self: self._engine.slices)
+    invalid_actions = property(lambda self: self._engine.options.invalid_actions)
+    on_failure = property(lambda self: self._engine.options.on_failure)
+    max_restarts = property(lambda self: self._engine.options.max_restarts)
+
+    @property
+    def timeout(self) -> float | None:
+        return self._engine.timeout
+
+    @property
+    def restarts(self) -> int:
+        """Workers restarted so far (``on_failure="restart"``)."""
+        restarts = self._engine.restarts
+        return 0 if restarts is None else restarts.count
+
+    @property
+    def closed(self) -> bool:
+        return self._engine is None or self._engine.status.closed
+
+    @property
+    def waiting(self) -> bool:
+        """A step is in flight (``step_async`` without its ``step_wait``, or a step cut short by Ctrl-C)."""
+        return self._engine is not None and self._engine.status.waiting
+
+    # ---- SB3 VecEnv API -----------------------------------------------------------------------------
+    def reset(self) -> VecEnvObs:
+        """Resets every env with the seeds from ``seed()`` and options from ``set_options()`` (used once).
+
+        :raises ClosedVecEnvError, BrokenVecEnvError: misuse.
+        :raises WorkerDiedError: a worker died.
+        """
+        engine = self._engine
+        engine.check_usable()
+        results = engine.reset(self._seeds, self._options)
+        self.reset_infos = [{} for _ in range(self.num_envs)]
+        for items in results:
+            for i, info in items:
+                self.reset_infos[i] = info
+        self._reset_seeds()
+        self._reset_options()
+        obs = engine.obs_copy(slice(None)) if engine.options.copy else engine.obs_view(slice(None))
+        return engine.restarts.remember(obs) if engine.restarts is not None else obs
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Writes ``actions`` into shared memory and starts every worker.
+
+        :raises ValueError: the actions do not fit the action space (shape, dtype);
+            ``InvalidActionError`` (a ValueError): NaN or out of range (see ``invalid_actions``).
+        :raises AlreadyPendingCallError: a step is already in flight.
+        """
+        self._engine.post_step(actions)
+
+    def step_wait(self) -> VecEnvStepReturn:
+        """Waits for the step started by ``step_async`` and returns (obs, rewards, dones, infos).
+
+        :raises NoAsyncCallError: no step is in flight.
+        :raises WorkerDiedError: a worker died; the original exception type if an env raised.
+            With ``on_failure="restart"`` the worker is restarted instead, and its envs are
+            reported as truncated (``info["shmvec_restarted"]``); ``TooManyRestartsError`` once
+            ``max_restarts`` is spent.
+        """
+        engine = self._engine
+        engine.check_usable()
+        if not engine.status.waiting:
+            raise NoAsyncCallError("step_wait() without a preceding step_async()")
+        return self._finish_step()
+
+    def step(self, actions: np.ndarray) -> VecEnvStepReturn:
+        """``step_async(actions)`` then ``step_wait()`` (SB3's ``VecEnv.step``), in fewer calls."""
+        # (No local holds a view of the block: a traceback that keeps this frame would keep it mapped.)
+        engine, own = self._engine, self.__dict__  # step_async/step_wait set on the object
+        if (self._fast is None or engine.status.state is not IDLE or "step_wait" in own or "step_async" in own
+                or not copy_actions(actions, *self._fast)):
+            return super().step(actions)  # everything else, and every check and error message
+        engine.post(P.Cmd.STEP)  # state POSTED
+        return self._finish_step()
+
+    def _finish_step(self) -> VecEnvStepReturn:
+        """SB3's return of the step in flight; the step is over once it returns, or raises an
+        Exception of its own.  Interrupted, it stays for ``step_wait()``."""
+        engine = self._engine
+        results = engine.complete_step()
+        try:
+            out = self._step_results(engine, results)
+        except Exception:
+            engine.finish_step()  # the step's own failure (an info SB3's dicts cannot take): it is over
+            raise
+        engine.finish_step()
+        return out
+
+    def _step_results(self, engine: Engine, results: list[list]) -> VecEnvStepReturn:
+        """SB3's (obs, rewards, dones, infos) of the step that just ended; ``results`` are the
+        workers' non-empty infos."""
+        # No local holds a view of the block while an env's info can raise (one that is not a
+        # dict): a traceback keeping this frame would keep the block mapped after close().
+        dones = np.empty(self.num_envs, dtype=bool)
+        # dones = terminated | truncated; infos[i] = {"TimeLimit.truncated": truncated and not terminated}
+        infos, done_indices = step_infos(engine.views.terminated, engine.views.truncated, dones)
+        reset_infos = self.reset_infos
+        for i in done_indices:
+            reset_infos[i] = {}  # replaced below when the env's reset returned a non-empty info
+        for items in results:
+            for i, info, reset_info in items:
+                if info:
+                    info["TimeLimit.truncated"] = infos[i]["TimeLimit.truncated"]
+                    infos[i] = info
+                if reset_info is not None:
+                    reset_infos[i] = reset_info
+        term = engine.term_leaf
+        for i in done_indices:
+            infos[i]["terminal_observation"] = term[i].copy() if term is not None else engine.term_obs(i)
+        if not engine.options.copy:
+            obs = engine.obs_view(slice(None))
+        else:
+            obs = engine.obs_leaf.copy() if engine.obs_leaf is not None else engine.obs_copy(slice(None))
+        if engine.restarts is not None:
+            engine.restarts.remember(obs)
+        return obs, engine.views.rew.astype(np.float32), dones, infos
+
+    def close(self) -> None:
+        """Stops the workers and frees the shared memory.  Idempotent, bounded in time.
+
+        :raises: the first exception an env's ``close()`` raised, after everything is released.
+        """
+        self._fast = None  # a view of the block: dropped before it is unmapped
+        if self._engine is not None:
+            self._engine.close()
+
+    def get_images(self) -> Sequence[np.ndarray | None]:
+        if self.render_mode != "rgb_array":
+            warnings.warn(
+                f"The render mode is {self.render_mode}, but this method assumes it is `rgb_array` to obtain images."
+            )
+            return [None for _ in range(self.num_envs)]
+        return self._engine.call(P.Call.RENDER, None, ())
+
+    def has_attr(self, attr_name: str) -> bool:
+        return all(self._engine.call(P.Call.HAS_ATTR, None, (attr_name,)))
+
+    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+        return self._engine.call(P.Call.GET_ATTR, indices, (attr_name,))
+
+    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+        self._engine.call(P.Call.SET_ATTR, indices, (attr_name, value))
+
+    def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None, **method_kwargs) -> list[Any]:
+        if method_name == MASKS_METHOD and self.masks_in_shm and not method_args and not method_kwargs:
+            return list(self.action_masks(indices))
+        return self._engine.call(P.Call.ENV_METHOD, indices, (method_name, method_args, method_kwargs))
+
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
+        return self._engine.call(P.Call.IS_WRAPPED, indices, (wrapper_class,))
+
+    @property
+    def masks_in_shm(self) -> bool:
+        """Whether action masks are served from shared memory (the ``action_masks`` option)."""
+        return self._engine is not None and self._engine.masks_in_shm
+
+    def action_masks(self, indices: VecEnvIndices = None) -> np.ndarray:
+        """The envs' current action masks, bool ``(len(indices), mask_size)``, read from shared memory.
+
+        Each row is what the env's ``action_masks()`` returned after its last reset or step (or
+        ``set_attr``/``env_method`` call), flattened; all False before the first ``reset()``.
+
+        :raises ShmVecEnvError: action masks are off for this vec env.
+        :raises ClosedVecEnvError, BrokenVecEnvError, AlreadyPendingCallError: misuse.
+        """
+        return self._engine.action_masks(indices)
+
+    # ---- seeds and plain-data description ------------------------------------------------------------
+    def seed(self, seed: int | Sequence[int | None] | np.random.SeedSequence | None = None) -> list[int | None]:
+        """Sets the seeds of the next ``reset()``, as SB3 does, and more.
+
+        - an int ``s``: env i gets ``s + i`` (as SB3); None: a random ``s``, then the same;
+        - a list of ints, one per env (its length must be ``num_envs``);
+        - a ``numpy.random.SeedSequence``: independent per-env seeds derived from it as
+          ``SeedSequence.spawn`` does (:func:`shmvec.spawn_seeds`).
+
+        Seeds go to the envs, not to workers: the same seeds give the same episodes whatever the
+        start method and however the envs are split across workers.
+
+        :returns: the per-env seeds.
+        :raises ValueError: a list whose length is not ``num_envs``.
+        """
+        self._seeds, self._seed_arg = F.per_env_seeds(seed, self.num_envs)
+        return self._seeds
+
+    def set_options(self, options: list[dict] | dict | None = None) -> None:
+        super().set_options(options)
+        self._options_arg = options
+
+    def describe(self) -> dict[str, Any]:
+        """This vec env as plain, JSON-serializable data, from which :meth:`from_description` rebuilds it.
+
+        Holds each env's factory (an env id with its resolved spec, or an import path, with
+        kwargs and wrappers), ``n_envs``, every constructor option, and the last ``seed()`` and
+        ``set_options()`` arguments: no closure and no pickle (docs/multiprocessing.md).
+
+        :raises DescriptionError: a factory (a lambda, a closure, something defined in
+            ``__main__``) or an option is not plain data; the message names which.
+        """
+        engine = self._engine
+        return F.describe_vec_env(engine.descriptions, dict(engine.options.given), n_envs=self.num_envs,
+                                  n_workers=engine.n_workers, start_method=engine.options.start_method,
+                                  seed=self._seed_arg, options=self._options_arg)
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any], **overrides: Any) -> ShmVecEnv:
+        """Builds the vec env that :meth:`describe` described (``overrides`` replace constructor options).
+
+        Options tied to the machine that wrote the description (``cpu_affinity``, ``n_workers``)
+        can be replaced here: ``ShmVecEnv.from_description(d, cpu_affinity=None, n_workers=None)``.
+        The seeds and reset options of the description are set for the first ``reset()``.
+
+        :raises DescriptionError: the description is not one of ours.
+        """
+        return F.rebuild(description, cls, **overrides)
+
+    def __del__(self) -> None:
+        engine = self._engine
+        if engine is not None and not engine.status.closed:
+            try:
+                self.close()
+            except Exception:
+                pass

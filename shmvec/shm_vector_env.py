@@ -1,9 +1,8 @@
 """ShmVectorEnv: a Gymnasium ``VectorEnv`` on the same shared-memory engine as ``ShmVecEnv``.
 
-The engine (workers, shared memory, protocol) is :class:`shmvec.ShmVecEnv`'s: this class owns one
-private instance of it, built with the worker autoreset mode that matches Gymnasium's
-``AutoresetMode``, and only turns its raw results (shared buffers plus the sparse infos the
-workers sent) into Gymnasium's batched return values.
+It holds an :class:`shmvec._engine.Engine` (as ``ShmVecEnv`` does), built with the worker
+autoreset mode that matches Gymnasium's ``AutoresetMode``, and only turns its raw results (shared
+buffers plus the sparse infos the workers sent) into Gymnasium's batched return values.
 """
 
 from __future__ import annotations
@@ -18,8 +17,9 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from shmvec import _protocol as P
-from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, ShmVecEnvError, Uncopyable
-from shmvec._vec_core import VecBase, VecCore
+from shmvec._copyguard import Uncopyable
+from shmvec._engine import Engine
+from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, ShmVecEnvError
 
 _WORKER_MODE = {
     AutoresetMode.NEXT_STEP: P.AUTORESET_NEXT_STEP,
@@ -28,12 +28,12 @@ _WORKER_MODE = {
 }
 
 
-def usable_engine(owner: Any) -> _Engine:
+def usable_engine(owner: Any) -> Engine:
     """``owner._engine`` (of ShmVectorEnv or ShmEnvPool) when it can take a call; raises otherwise."""
     engine = owner._engine
     if engine is None or owner.closed:
         raise ClosedVecEnvError(f"this {type(owner).__name__} is closed; build a new one")
-    engine._check_usable()
+    engine.check_usable()
     return engine
 
 
@@ -72,28 +72,11 @@ def gym_vector_seeds(seed: Any, num_envs: int) -> list:
     return seeds
 
 
-class _Engine(VecCore, VecBase):
-    """ShmVecEnv's engine with a chosen worker autoreset mode and a raw step (no SB3 infos), over
-    :class:`shmvec._vec_core.VecBase` instead of SB3's ``VecEnv``: no SB3, so no torch, in the
-    parent of a Gymnasium vector env or a pool."""
-
-    _batch_dict = dict  # Gymnasium's vector envs return a plain dict batch
-
-    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], autoreset: str, owner: str = "ShmVectorEnv",
-                 **kwargs: Any) -> None:
-        self._autoreset = autoreset
-        self._public_name = owner  # the class the user holds, for error messages
-        kwargs.setdefault("action_masks", False)  # Gymnasium's API has no env_method("action_masks") fast path
-        super().__init__(env_fns, **kwargs)
-
-    def step_raw(self, actions: Any) -> list[list]:
-        """Writes the actions, steps every env, returns the workers' items; results stay in the buffers."""
-        # A Ctrl-C once the step is posted leaves it in flight (``waiting``, as ShmVecEnv's
-        # _complete_step does), until ShmVectorEnv.step has built its return and clears it:
-        # ShmVectorEnv.reset() finishes it and drops it.  Refused actions (nothing posted) and a
-        # failed step (the env is broken) leave ``waiting`` False.
-        self.step_async(actions)  # ``waiting`` once every worker has the step (in _post)
-        return self._complete_step()
+def gym_engine(env_fns: Sequence[Callable[[], gym.Env]], autoreset: str, owner: str, **options: Any) -> Engine:
+    """An engine for the Gymnasium-style faces (ShmVectorEnv, the pools): a plain dict batch, no
+    SB3 (so no torch in the parent), no restarts, masks only through ``call``."""
+    options.setdefault("action_masks", False)  # Gymnasium's API has no env_method("action_masks") fast path
+    return Engine(env_fns, batch_dict=dict, autoreset=autoreset, public_name=owner, restartable=False, **options)
 
 
 class ShmVectorEnv(Uncopyable, VectorEnv):
@@ -138,7 +121,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
     :raises WorkerDiedError: a worker died while starting.
     """
 
-    _engine: _Engine | None = None
+    _engine: Engine | None = None
 
     def __init__(
         self,
@@ -157,16 +140,19 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
             autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
         )
         self.copy = copy
-        self._engine = _Engine(
-            env_fns, _WORKER_MODE[self.autoreset_mode], owner=type(self).__name__, n_workers=n_workers, start_method=start_method,
-            copy=copy, worker_threads=worker_threads, timeout=timeout, spin_us=spin_us,
+        self._engine = engine = gym_engine(
+            env_fns, _WORKER_MODE[self.autoreset_mode], type(self).__name__, n_workers=n_workers,
+            start_method=start_method, copy=copy, worker_threads=worker_threads, timeout=timeout, spin_us=spin_us,
             mailbox_bytes=mailbox_bytes, **engine_kwargs,
         )
-        engine = self._engine
         self.num_envs = engine.num_envs
         self.metadata = dict(engine.metadata)
         self.metadata["autoreset_mode"] = self.autoreset_mode
-        self.render_mode = engine.render_mode
+        try:
+            self.render_mode = engine.env_render_mode()
+        except BaseException:
+            self.close()
+            raise
         self.single_observation_space = engine.observation_space
         self.single_action_space = engine.action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
@@ -224,7 +210,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
                     "`options['reset_mask']` must contain a boolean array with at least one True value, "
                     f"got reset_mask={mask}"
                 )
-        results = engine._reset_workers(seeds, [options] * self.num_envs, mask)
+        results = engine.reset(seeds, [options] * self.num_envs, mask)
         if mask is None:
             self._ended[:] = False
         else:
@@ -252,23 +238,27 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
                 f"envs {np.flatnonzero(self._ended).tolist()} ended (terminated or truncated) and autoreset_mode is "
                 "DISABLED: reset them with reset(options={'reset_mask': mask}) before the next step."
             )
-        results = engine.step_raw(actions)  # the step stays in flight (engine.waiting) until returned
+        # A Ctrl-C once the step is posted leaves it in flight until its return is built:
+        # reset() finishes it and drops it.  Refused actions (nothing posted) and a failed step
+        # (the engine is broken) leave nothing in flight.
+        engine.post_step(actions)
+        results = engine.complete_step()
         try:
             out = self._step_return(engine, results, mode)
         except Exception:
-            engine.waiting = False  # the step's own failure (an info Gymnasium's dicts cannot take): it is over
+            engine.finish_step()  # the step's own failure (an info Gymnasium's dicts cannot take): it is over
             raise
-        engine.waiting = False
+        engine.finish_step()
         return out
 
-    def _step_return(self, engine: _Engine, results: list[list], mode: AutoresetMode) -> tuple:
+    def _step_return(self, engine: Engine, results: list[list], mode: AutoresetMode) -> tuple:
         """``step``'s return for the step just collected; run again if a Ctrl-C cut it short (the
         bookkeeping, ``_ended``, takes the same envs twice)."""
         # Copies; no local keeps a view of the shared block: a traceback that keeps this frame
         # (an info Gymnasium's _add_info cannot batch raises below) would keep it mapped after close().
-        terminated = engine._views.terminated.copy()
-        truncated = engine._views.truncated.copy()
-        rewards = engine._views.rew.copy()
+        terminated = engine.views.terminated.copy()
+        truncated = engine.views.truncated.copy()
+        rewards = engine.views.rew.copy()
         infos: dict[str, Any] = {}
         if mode == AutoresetMode.SAME_STEP:
             by_env = {i: (info, reset_info) for items in results for i, info, reset_info in items}
@@ -276,7 +266,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
             for i in sorted(ended | set(by_env)):
                 info, reset_info = by_env.get(i, ({}, None))
                 if i in ended:
-                    infos = self._add_info(infos, {"final_obs": engine._term_obs(i), "final_info": info}, i)
+                    infos = self._add_info(infos, {"final_obs": engine.term_obs(i), "final_info": info}, i)
                     info = reset_info or {}
                 infos = self._add_info(infos, info, i)
         else:
@@ -289,11 +279,11 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
 
     def render(self) -> tuple[Any, ...] | None:
         """The frames of every env's ``render()``, as a tuple."""
-        return tuple(self._usable()._pipe_call("render", None, ()))
+        return tuple(self._usable().call(P.Call.RENDER, None, ()))
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method ``name`` of every env (or returns attribute ``name`` if it is not callable)."""
-        return tuple(self._usable()._pipe_call("call", None, (name, args, kwargs)))
+        return tuple(self._usable().call(P.Call.CALL, None, (name, args, kwargs)))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """Attribute ``name`` of every env, as Gymnasium does it (through :meth:`call`)."""
@@ -312,7 +302,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
                 "Values must be a list or tuple with length equal to the number of environments. "
                 f"Got `{len(values)}` values for {self.num_envs} environments."
             )
-        engine._pipe_call("set_wrapper_attr", None, (name, list(values)))
+        engine.call(P.Call.SET_WRAPPER_ATTR, None, (name, list(values)))
 
     @property
     def np_random_seed(self) -> tuple[int, ...]:
@@ -335,26 +325,26 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         return self._usable().n_workers
 
     # ---- internals ------------------------------------------------------------------------------------
-    def _usable(self, finish_step: bool = False) -> _Engine:
+    def _usable(self, finish_step: bool = False) -> Engine:
         """The engine, if it can take a call.  A step that a Ctrl-C left in flight (Gymnasium's
         API has no step_wait() to collect it) is finished and dropped by ``finish_step`` (reset);
         any other call raises AlreadyPendingCallError saying to reset."""
         engine = usable_engine(self)
-        if engine.waiting:
+        if engine.status.waiting:
             if not finish_step:
                 raise AlreadyPendingCallError(
                     f"a step interrupted (Ctrl-C) is still in flight in this {type(self).__name__}: call reset() "
                     "(it finishes the step and drops it), or close()")
-            engine._complete_step()  # raises what the step raised (the env is then broken)
+            engine.complete_step()  # raises what the step raised (the env is then broken)
             if self.autoreset_mode == AutoresetMode.DISABLED:  # the envs that ended in it still need a reset
-                self._ended |= engine._views.terminated | engine._views.truncated
-            engine.waiting = False
+                self._ended |= engine.views.terminated | engine.views.truncated
+            engine.finish_step()
         return engine
 
     def _observations(self) -> Any:
         engine = self._engine
         assert engine is not None
-        return engine._obs_copy(slice(None)) if self.copy else engine._obs_view(slice(None))
+        return engine.obs_copy(slice(None)) if self.copy else engine.obs_view(slice(None))
 
     def __del__(self) -> None:
         if not getattr(self, "closed", True) and self._engine is not None:

@@ -34,7 +34,8 @@ from gymnasium.vector import AutoresetMode
 from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
-from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, NoAsyncCallError, Uncopyable
+from shmvec._copyguard import Uncopyable
+from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, NoAsyncCallError
 from shmvec.env_pool import ShmEnvPool
 
 

@@ -465,7 +465,7 @@ def test_transposed_box_actions_are_refused_not_reshaped(build):
         env.step(rows.T.copy())  # (2, 3)
     assert not env.waiting
     env.step(rows.reshape(3, 1, 2))  # rows intact: accepted
-    np.testing.assert_array_equal(env._views.act[()], rows)
+    np.testing.assert_array_equal(env._engine.views.act[()], rows)
 
 
 def test_box_action_rows_are_reshaped_only_across_dimensions_of_size_one():
@@ -524,7 +524,7 @@ def test_spin_accepts_a_list_or_numpy_numbers():
     for spin_us in ([0, 10], (np.float64(0.0), np.int64(10))):
         env = ShmVecEnv(testenvs.bare_env_fns(2), n_workers=1, start_method="fork", spin_us=spin_us)
         try:
-            assert env._parent_spin == 0.0 and env._worker_spin == pytest.approx(10e-6)
+            assert env._engine.options.parent_spin_s == 0.0 and env._engine.options.worker_spin_s == pytest.approx(10e-6)
             env.reset()
             env.step(np.zeros(2, dtype=np.int64) if isinstance(env.action_space, gym.spaces.Discrete)
                      else np.stack([env.action_space.sample() for _ in range(2)]))
@@ -669,7 +669,7 @@ def test_worker_killed_between_calls(next_call):
     try:
         env.reset()
         env.step(_discrete_actions(4))
-        victim = env._res.processes[1]
+        victim = env._engine.workers.processes[1]
         os.kill(victim.pid, signal.SIGKILL)
         if next_call.endswith("_after_exit"):  # else the call races with the kill
             while psutil.Process(victim.pid).status() != psutil.STATUS_ZOMBIE:
@@ -701,7 +701,7 @@ def test_worker_killed_during_step_wait():
         env.reset()
         env.step_async(_discrete_actions(2))
         time.sleep(0.1)
-        os.kill(env._res.processes[0].pid, signal.SIGKILL)
+        os.kill(env._engine.workers.processes[0].pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(WorkerDiedError) as info:
             env.step_wait()
@@ -990,7 +990,7 @@ def test_interrupted_call_leaves_the_vec_env_in_flight_or_broken_never_stale(ala
             else:
                 env.env_method("nap", 2.0)
         if interrupted == "step":
-            assert env.waiting and env._broken is None
+            assert env.waiting and env._engine.status.failure is None
             with pytest.raises(AlreadyPendingCallError, match="interrupted by Ctrl-C"):
                 env.step(_discrete_actions(2))
             with pytest.raises(AlreadyPendingCallError, match="step_wait"):
@@ -1062,7 +1062,7 @@ from shmvec import ShmVecEnv
 if __name__ == "__main__":
     env = ShmVecEnv(testenvs.bare_env_fns(3), n_workers=2, start_method={method!r})
     env.reset()
-    print(" ".join(str(p.pid) for p in env._res.processes), flush=True)
+    print(" ".join(str(p.pid) for p in env._engine.workers.processes), flush=True)
     time.sleep(60)
 """
 

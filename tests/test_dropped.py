@@ -25,7 +25,8 @@ import pytest
 
 import testenvs
 from shmvec import ShmEnvPool, ShmVecEnv, ShmVecEnvPool, ShmVectorEnv
-from shmvec._errors import FirstFailure, RemoteTraceback, detached
+from shmvec._errors import RemoteTraceback, detached
+from shmvec._state import FirstFailure
 
 N = 4
 
@@ -47,7 +48,7 @@ def _worker_pids(env: object) -> list[int]:
     engine = env
     for name in ("_pool", "_engine"):
         engine = getattr(engine, name, engine)
-    return [p.pid for p in engine._res.processes]
+    return [p.pid for p in engine.workers.processes]
 
 
 def _step_sb3(env) -> Callable[[], object]:

@@ -158,7 +158,7 @@ def _record_early_wakes(env: ShmVecEnv) -> list[int]:
 
     def recording_step_wait():
         out = step_wait()
-        flags.append(env._words.load(P.EARLY_WAKE))
+        flags.append(env._engine.words.load(P.EARLY_WAKE))
         return out
 
     env.step_wait = recording_step_wait
@@ -229,7 +229,7 @@ def test_step_takes_the_short_way_and_still_matches_dummy(monkeypatch):
     env = None
     try:
         env = make_vec_env("CartPole-v1", n_envs=6, vec_env_cls=ShmVecEnv, vec_env_kwargs=kwargs, seed=5)
-        assert env._step_actions is not None
+        assert env._fast is not None
         long_way: list[str] = []
         original = ShmVecEnv.step_async
 
@@ -270,7 +270,7 @@ class _CountingShmVecEnv(ShmVecEnv):
 def test_step_goes_the_long_way_where_a_subclass_overrides_step_wait():
     env = _CountingShmVecEnv(testenvs.spaces_env_fns("box", "discrete", 2), n_workers=2, start_method="fork")
     try:
-        assert env._step_actions is None
+        assert env._fast is None
         env.reset()
         env.step(np.zeros(2, dtype=np.int64))
         assert env.waits == 1

@@ -187,7 +187,7 @@ def test_a_hanging_step_names_the_env_and_shows_where_it_hangs(method):
         stack = _stack_of(exc)
         assert "in _end_process" in stack and "in step" in stack and "Fatal Python error" not in stack
         assert stack.rstrip().endswith("(the worker's Python stack where it hung, from faulthandler, above)")
-        assert env._res.processes[1].is_alive()  # asked for its stacks, not killed: close() does that
+        assert env._engine.workers.processes[1].is_alive()  # asked for its stacks, not killed: close() does that
     finally:
         env.close()
 
@@ -213,7 +213,7 @@ def test_no_dump_signal_goes_to_a_worker_whose_env_took_it_over():
         exc, _ = _second_step_raises(env, WorkerTimeoutError)
         assert "(envs 2..3; worker 1, in env 3)" in str(exc)
         assert exc.__cause__ is None and "faulthandler" not in str(exc)
-        assert env._res.processes[1].is_alive()  # the signal's default action would have killed it
+        assert env._engine.workers.processes[1].is_alive()  # the signal's default action would have killed it
     finally:
         env.close()
 
@@ -354,7 +354,7 @@ if __name__ == "__main__":
            for i in range(4)]
     env = ShmVecEnv(fns, n_workers=2, start_method={method!r})
     env.reset()
-    print(" ".join(str(p.pid) for p in env._res.processes), flush=True)
+    print(" ".join(str(p.pid) for p in env._engine.workers.processes), flush=True)
     try:
         env.step(np.zeros(4, dtype=np.int64))  # worker 0 naps in its env for 1.5 s
     except KeyboardInterrupt:
@@ -447,8 +447,8 @@ def test_integer_actions_of_another_dtype_are_accepted_when_they_fit():
     try:
         env.reset()
         env.step(np.array([[1, 199], [0, 7]], dtype=np.int64))
-        np.testing.assert_array_equal(env._views.act[()], [[1, 199], [0, 7]])
-        assert env._views.act[()].dtype == np.uint8
+        np.testing.assert_array_equal(env._engine.views.act[()], [[1, 199], [0, 7]])
+        assert env._engine.views.act[()].dtype == np.uint8
         env.step([[0, 3], [1, 150]])
         with pytest.raises(ValueError, match="dtype int64"):
             env.step(np.array([[0, 300], [1, 0]]))  # 300 does not fit uint8 (it would wrap to 44)
@@ -574,7 +574,7 @@ def _run_with_restart(method: str, fault: str, bad: int, steps: int = 60, **cras
                 env.env_method("set_nap", 0.3, indices=own)
                 env.step_async(acts)
                 time.sleep(0.1)
-                os.kill(env._res.processes[own[0] // 2].pid, signal.SIGKILL)
+                os.kill(env._engine.workers.processes[own[0] // 2].pid, signal.SIGKILL)
                 with pytest.warns(WorkerRestartWarning, match="SIGKILL"):
                     out = env.step_wait()
             elif fault != "sigkill" and k == crash["at"] - 1:
@@ -725,12 +725,12 @@ def test_worker_killed_between_steps_is_restarted_by_get_attr_then_reported_at_t
         env.reset()
         for k in range(3):
             last = env.step(_actions(k))[0]
-        victim = env._res.processes[0]
+        victim = env._engine.workers.processes[0]
         os.kill(victim.pid, signal.SIGKILL)
         _wait_dead(victim)
         with pytest.warns(WorkerRestartWarning, match="during get_attr"):
             assert env.get_attr("steps") == [0, 0, 3, 3]  # envs 0 and 1 are new
-        assert env._res.processes[0] is not victim
+        assert env._engine.workers.processes[0] is not victim
         out = env.step(_actions(3))
         _assert_truncated_report(out, last, [0, 1], "SIGKILL")
         assert env.get_attr("steps") == [0, 0, 4, 4]  # the new envs were not stepped with stale actions
@@ -747,14 +747,14 @@ def test_restarted_worker_keeps_its_cpu_set():
                     cpu_affinity=[cores[1], cores[0]])
     try:
         env.reset()
-        victim = env._res.processes[0]
+        victim = env._engine.workers.processes[0]
         assert psutil.Process(victim.pid).cpu_affinity() == [cores[1]]
         os.kill(victim.pid, signal.SIGKILL)
         _wait_dead(victim)
         with pytest.warns(WorkerRestartWarning):
             env.step(_actions(0))
-        assert env._res.processes[0] is not victim
-        assert psutil.Process(env._res.processes[0].pid).cpu_affinity() == [cores[1]]
+        assert env._engine.workers.processes[0] is not victim
+        assert psutil.Process(env._engine.workers.processes[0].pid).cpu_affinity() == [cores[1]]
     finally:
         env.close()
 
@@ -820,14 +820,14 @@ def test_repeated_restarts_leak_no_descriptor_process_or_thread():
         for k in range(6):
             env.step_async(_actions(k))
             time.sleep(0.05)
-            os.kill(env._res.processes[k % 2].pid, signal.SIGKILL)
+            os.kill(env._engine.workers.processes[k % 2].pid, signal.SIGKILL)
             with pytest.warns(WorkerRestartWarning):
                 env.step_wait()
             env.env_method("set_nap", 0.2, indices=list(env.slices[k % 2]))  # the new envs nap too
         assert env.restarts == 6
         assert me.num_fds() == fds
         assert me.num_threads() == threads
-        ours = {q.pid for q in env._res.processes}
+        ours = {q.pid for q in env._engine.workers.processes}
         workers = [p for p in me.children() if p.pid in ours]
         assert len(workers) == 2 and all(p.status() != psutil.STATUS_ZOMBIE for p in workers)
         assert not [p for p in me.children() if p.status() == psutil.STATUS_ZOMBIE]  # the dead were reaped
@@ -847,10 +847,10 @@ if __name__ == "__main__":
     warnings.simplefilter("ignore")
     env = ShmVecEnv(testenvs.bare_env_fns(3), n_workers=2, start_method={method!r}, on_failure="restart")
     env.reset()
-    os.kill(env._res.processes[1].pid, signal.SIGKILL)
+    os.kill(env._engine.workers.processes[1].pid, signal.SIGKILL)
     env.step(np.zeros(3, dtype=np.int64))  # restarts worker 1: it maps the segment from its descriptor
     assert env.restarts == 1
-    print(" ".join(str(p.pid) for p in env._res.processes), flush=True)
+    print(" ".join(str(p.pid) for p in env._engine.workers.processes), flush=True)
     time.sleep(60)
 """
 
@@ -913,7 +913,7 @@ def _restart_env(fns: list, **kwargs) -> ShmVecEnv:
 
 
 def _kill(env: ShmVecEnv, w: int) -> None:
-    proc = env._res.processes[w]
+    proc = env._engine.workers.processes[w]
     os.kill(proc.pid, signal.SIGKILL)
     mp_wait([proc.sentinel], timeout=10)
 
@@ -926,7 +926,7 @@ def test_a_worker_killed_while_another_is_restarted_is_restarted_at_the_next_ste
                              once=marker)]
     fns += [functools.partial(faultenvs.make_rebuilt_differs_env, i) for i in (1, 2)]
     env = _restart_env(fns)
-    spawn = env._spawn_worker
+    spawn = env._engine.workers.launch
 
     def spawn_then_kill_worker_1(w):  # the OOM killer strikes as the new worker starts
         spawn(w)
@@ -935,11 +935,11 @@ def test_a_worker_killed_while_another_is_restarted_is_restarted_at_the_next_ste
     try:
         env.reset()
         env.step(np.zeros(3, dtype=np.int64))
-        env._spawn_worker = spawn_then_kill_worker_1
+        env._engine.workers.launch = spawn_then_kill_worker_1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", WorkerRestartWarning)
             _, _, dones, infos = env.step(np.zeros(3, dtype=np.int64))
-            env._spawn_worker = spawn
+            env._engine.workers.launch = spawn
             assert dones.tolist() == [True, False, False] and RESTART_INFO_KEY in infos[0]
             _, _, dones, infos = env.step(np.zeros(3, dtype=np.int64))
         assert dones.tolist() == [False, True, False] and "SIGKILL" in infos[1][RESTART_INFO_KEY]
@@ -1010,7 +1010,7 @@ def test_a_failed_restart_leaves_no_mapping_after_close(tmp_path):
         env.step(np.zeros(2, dtype=np.int64))
         with pytest.raises(testenvs.EnvBoom, match="fails to reset"):
             env.step(np.zeros(2, dtype=np.int64))
-        assert env._broken is not None
+        assert env._engine.status.failure is not None
         env.close()
         assert _shm_mappings() == []
     finally:
@@ -1058,8 +1058,8 @@ def test_narrower_integer_box_actions_are_checked_not_wrapped(cls):
     try:
         env.reset()
         env.step(np.array([[5, -3], [100, -100]], dtype=np.int64))
-        engine = env if cls == "ShmVecEnv" else env._engine
-        np.testing.assert_array_equal(engine._views.act[()], [[5, -3], [100, -100]])
+        engine = env._engine
+        np.testing.assert_array_equal(engine.views.act[()], [[5, -3], [100, -100]])
         with pytest.raises(ValueError, match="dtype int64"):
             env.step(np.array([[2**32 + 7, -1], [0, 0]], dtype=np.int64))
     finally:
@@ -1071,7 +1071,7 @@ def test_bool_box_takes_zero_and_one_of_another_dtype():
     try:
         env.reset()
         env.step(np.array([[1, 0], [0, 1]], dtype=np.int64))
-        np.testing.assert_array_equal(env._views.act[()], [[True, False], [False, True]])
+        np.testing.assert_array_equal(env._engine.views.act[()], [[True, False], [False, True]])
         with pytest.raises(ValueError, match="dtype int64"):
             env.step(np.array([[2, 0], [0, 1]], dtype=np.int64))
     finally:
@@ -1088,7 +1088,7 @@ def test_a_forked_process_never_releases_its_parents_workers():
         if pid == 0:  # the child: release() is a no-op here
             code = 1
             try:
-                code = 0 if env._res.release() == [] and not env._res.released else 1
+                code = 0 if env._engine.workers.release() == [] and not env._engine.workers.released else 1
             except BaseException:
                 pass
             finally:
@@ -1126,7 +1126,7 @@ def test_a_worker_killed_with_sigterm_is_reported_as_such():
     env = ShmVecEnv(testenvs.bare_env_fns(2), n_workers=2, start_method="fork", timeout=30.0)
     try:
         env.reset()
-        os.kill(env._res.processes[1].pid, signal.SIGTERM)
+        os.kill(env._engine.workers.processes[1].pid, signal.SIGTERM)
         with pytest.raises(WorkerDiedError, match="Something sent it SIGTERM"):
             for _ in range(100):
                 env.step(np.zeros(2, dtype=np.int64))

@@ -32,6 +32,8 @@ import testenvs
 from helpers import assert_same, close_all
 
 from shmvec import AlreadyPendingCallError, BrokenVecEnvError, ShmVecEnv
+from shmvec._engine import Engine
+from shmvec._state import State, Status
 
 
 def _lines(func: Callable) -> list[int]:
@@ -70,10 +72,10 @@ def interrupt_at(func: Callable, line: int, when: Callable[[Any], bool] = lambda
     return calls, fired
 
 
-_STEP_PATH = [ShmVecEnv.step, ShmVecEnv.step_async, ShmVecEnv.step_wait, ShmVecEnv._post, ShmVecEnv._note_posted,
-              ShmVecEnv._wake_posted,
-              ShmVecEnv._finish_step, ShmVecEnv._complete_step, ShmVecEnv._complete, ShmVecEnv._complete_or_raise,
-              ShmVecEnv._read_result, ShmVecEnv._step_results]
+_STEP_PATH = [ShmVecEnv.step, ShmVecEnv.step_async, ShmVecEnv.step_wait, Engine.post_step, Engine.post,
+              Engine._wake_posted, Status.enter,
+              ShmVecEnv._finish_step, Engine.complete_step, Engine.complete, Engine._complete_or_raise,
+              Engine._consumed, Engine.read_result, ShmVecEnv._step_results, Engine.finish_step]
 
 
 def _interrupted(func: Callable, line: int, call: Callable[[], Any]) -> tuple[Any, bool]:
@@ -123,15 +125,15 @@ def test_a_ctrl_c_at_any_line_of_a_step_leaves_it_unsent_in_flight_or_broken_nev
         in_step(1)
         for func, line, where in _every_line(_STEP_PATH):
             act = rng.integers(0, 3, size=4)
-            seqs = list(env._seq)
+            seqs = list(env._engine.seqs)
             got, fired = _interrupted(func, line, functools.partial(_run, env, how, act))
             if not fired:  # a line this step does not run (an error path, another branch)
                 outcomes["not reached"] += 1
                 assert_same(got, ref.step(act), where)
                 continue
-            if env._broken is not None:
+            if env._engine.status.failure is not None:
                 outcomes["broken"] += 1
-                assert func is ShmVecEnv._post or env._consumed, f"broken by an interrupt at {where}"
+                assert func is Engine.post or env._engine.status._before is State.CONSUMED, f"broken by an interrupt at {where}"
                 with pytest.raises(BrokenVecEnvError, match="KeyboardInterrupt"):
                     env.step(act)
                 env.close()
@@ -148,7 +150,7 @@ def test_a_ctrl_c_at_any_line_of_a_step_leaves_it_unsent_in_flight_or_broken_nev
                     ref.step(act)
                     in_step(int(rng.integers(1000)))  # reset() finishes the step and drops it
                 assert not env.waiting
-            elif env._seq != seqs:
+            elif env._engine.seqs != seqs:
                 outcomes["lost"] += 1
                 assert func is ShmVecEnv._finish_step, f"step lost at {where}"
                 assert _source_line(func, line) == "return out", f"step lost at {where}"
@@ -177,10 +179,10 @@ def test_ppo_learns_again_after_a_ctrl_c_in_the_middle_of_a_step():
                        vec_env_kwargs={"n_workers": 2, "start_method": "fork", "timeout": 30.0})
     try:
         model = PPO("MlpPolicy", env, n_steps=32, batch_size=64, n_epochs=1, seed=0)
-        wait_lines = [line for line in _lines(ShmVecEnv._complete_or_raise)
-                      if "wait_while" in _source_line(ShmVecEnv._complete_or_raise, line)]
+        wait_lines = [line for line in _lines(Engine._complete_or_raise)
+                      if "wait_while" in _source_line(Engine._complete_or_raise, line)]
         assert len(wait_lines) == 1
-        tracer, fired = interrupt_at(ShmVecEnv._complete_or_raise, wait_lines[0],
+        tracer, fired = interrupt_at(Engine._complete_or_raise, wait_lines[0],
                                      when=lambda frame: frame.f_locals["command"] == "step")  # not learn()'s reset
         sys.settrace(tracer)
         try:
@@ -188,10 +190,10 @@ def test_ppo_learns_again_after_a_ctrl_c_in_the_middle_of_a_step():
                 model.learn(256)
         finally:
             sys.settrace(None)
-        assert fired and env.waiting and env._broken is None, (fired, env.waiting, env._broken)
+        assert fired and env.waiting and env._engine.status.failure is None, (fired, env.waiting, env._engine.status.failure)
         model.learn(128)  # reset_num_timesteps=True: learn() resets the env, which drops the step
         assert model.num_timesteps == 128
-        assert not env.waiting and env._broken is None
+        assert not env.waiting and env._engine.status.failure is None
     finally:
         env.close()
 
@@ -231,7 +233,7 @@ def test_a_ctrl_c_at_any_line_of_an_sb3_pool_step_leaves_it_unsent_or_in_flight(
                 outcomes["not reached"] += 1
                 same(got, act, where)
                 continue
-            assert env._pool._engine._broken is None, f"broken by an interrupt at {where}"
+            assert env._pool._engine.status.failure is None, f"broken by an interrupt at {where}"
             if env.waiting:
                 outcomes["in flight"] += 1
                 with pytest.raises(AlreadyPendingCallError, match="step_wait"):
@@ -259,7 +261,6 @@ def test_a_ctrl_c_at_any_line_of_a_vector_env_step_leaves_it_unsent_for_reset_or
     from gymnasium.vector import SyncVectorEnv
 
     from shmvec import ShmVectorEnv
-    from shmvec.shm_vector_env import _Engine
 
     fns = testenvs.spaces_env_fns("box", "discrete", 4, term_prob=0.3)
     build = functools.partial(ShmVectorEnv, fns, n_workers=2, start_method="fork", timeout=30.0)
@@ -274,31 +275,31 @@ def test_a_ctrl_c_at_any_line_of_a_vector_env_step_leaves_it_unsent_for_reset_or
     try:
         both_reset()
         for func, line, where in _every_line([
-                ShmVectorEnv.step, ShmVectorEnv._step_return, _Engine.step_raw, ShmVecEnv.step_async,
-                ShmVecEnv._post, ShmVecEnv._note_posted, ShmVecEnv._wake_posted, ShmVecEnv._complete_step,
-                ShmVecEnv._complete, ShmVecEnv._complete_or_raise]):
+                ShmVectorEnv.step, ShmVectorEnv._step_return, Engine.post_step, Engine.post,
+                Engine._wake_posted, Status.enter, Engine.complete_step, Engine.complete,
+                Engine._complete_or_raise, Engine.finish_step]):
             act = rng.integers(0, 3, size=4)
             engine = env._engine
-            seqs = list(engine._seq)
+            seqs = list(engine.seqs)
             got, fired = _interrupted(func, line, functools.partial(env.step, act))
             if not fired:
                 outcomes["not reached"] += 1
                 assert_same(got, ref.step(act), where)
                 continue
-            if engine._broken is not None:
+            if engine.status.failure is not None:
                 outcomes["broken"] += 1
-                assert func is ShmVecEnv._post, f"broken by an interrupt at {where}"
+                assert func is Engine.post, f"broken by an interrupt at {where}"
                 env.close()
                 env = build()
                 both_reset()
                 continue
-            if engine.waiting:
+            if engine.status.waiting:
                 outcomes["in flight"] += 1
                 with pytest.raises(AlreadyPendingCallError, match="call reset"):
                     env.step(act)
                 ref.step(act)
                 both_reset()  # finishes the step and drops it
-            elif engine._seq != seqs:
+            elif engine.seqs != seqs:
                 outcomes["lost"] += 1  # done; the interrupt landed as step() returned
                 assert func is ShmVectorEnv.step and _source_line(func, line) == "return out", where
                 ref.step(act)
@@ -345,7 +346,7 @@ def test_a_step_whose_results_fail_to_read_is_not_left_in_flight():
         env.step(np.zeros(2, dtype=np.int64))
         with pytest.raises(TypeError):
             env.step(np.zeros(2, dtype=np.int64))
-        assert not env.waiting and env._broken is None
+        assert not env.waiting and env._engine.status.failure is None
         with pytest.raises(NoAsyncCallError):
             env.step_wait()
         env.step(np.zeros(2, dtype=np.int64))  # as DummyVecEnv, which raises the same TypeError, goes on
@@ -365,9 +366,9 @@ def test_restart_mode_breaks_on_an_interrupt_as_a_failed_step_is_collected():
     try:
         env.reset()
         env.step(np.zeros(2, dtype=np.int64))
-        line = next(n for n in _lines(ShmVecEnv._complete_step)
-                    if _source_line(ShmVecEnv._complete_step, n).startswith("self._done_step = results"))
-        tracer, fired = interrupt_at(ShmVecEnv._complete_step, line)
+        line = next(n for n in _lines(Engine.complete_step)
+                    if _source_line(Engine.complete_step, n).startswith("self.done_step = results"))
+        tracer, fired = interrupt_at(Engine.complete_step, line)
         sys.settrace(tracer)
         try:
             with warnings.catch_warnings():

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("factories", ["shmvec._pickling", "shmvec._seeds", "shmvec._machine", "shmvec._describe", "shmvec.factories",
                    "shmvec._options"]),
     ("worker", ["shmvec._worker", "shmvec._pool"]),
-    ("engine parts", ["shmvec._workers", "shmvec._channel", "shmvec._restarts", "shmvec._engine"]),
+    ("engine parts", ["shmvec._state", "shmvec._workers", "shmvec._channel", "shmvec._restarts", "shmvec._engine"]),
     ("front-ends", ["shmvec.shm_vec_env", "shmvec.shm_vector_env", "shmvec.env_pool", "shmvec.vec_env_pool"]),
     ("package", ["shmvec"]),
     ("ray", ["shmvec.ray", "shmvec.ray_pool"]),
@@ -74,6 +74,20 @@ def _resolve(module: str, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node but those under ``if TYPE_CHECKING:`` (imports for annotations only: never run)."""
+    out: list[ast.AST] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            stack.extend(node.orelse)
+            continue
+        out.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
 def _imports(module: str) -> list[tuple[str, int, str | None]]:
     """(imported shmvec module, line, imported name or None) for every import in ``module``.
 
@@ -85,7 +99,7 @@ def _imports(module: str) -> list[tuple[str, int, str | None]]:
         return []  # C-level modules: they cimport .pxd declarations only (checked by the build)
     tree = ast.parse(path.read_text(), str(path))
     found: list[tuple[str, int, str | None]] = []
-    for node in ast.walk(tree):
+    for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name == "shmvec" or alias.name.startswith("shmvec."):

@@ -118,9 +118,9 @@ def test_a_forked_copy_of_a_vec_envs_resources_lets_its_mapping_go_quietly():
 
     import numpy as np
 
-    from shmvec.shm_vec_env import _Resources
+    from shmvec._workers import WorkerSet
 
-    res = _Resources()
+    res = WorkerSet.__new__(WorkerSet)  # no workers: only the block matters here
     res.shm = SharedMemory(create=True, size=4096)
     name = res.shm.name
     try:
@@ -162,6 +162,6 @@ def test_a_bare_fork_child_that_exits_leaves_the_parents_workers_alone():
                 os._exit(0)
         os.waitpid(pid, 0)
         env.step(np.zeros(2, dtype=np.int64))  # was WorkerDiedError: worker 0 ... SIGTERM
-        assert all(p.is_alive() for p in env._res.processes)
+        assert all(p.is_alive() for p in env._engine.workers.processes)
     finally:
         env.close()

@@ -19,6 +19,7 @@ import testenvs
 from helpers import assert_same, close_all
 from shmvec import BrokenVecEnvError, RemoteEnvError, ShmVecEnv, TooManyRestartsError, WorkerDiedError
 from shmvec import _protocol as P
+from shmvec._channel import Channel
 
 # Far more than a Unix socket's buffer (about 200 KB here): sent at the wrong moment, it deadlocks.
 HUGE = 2_000_000
@@ -104,7 +105,7 @@ def test_sys_exit_in_env_method_is_the_answer_and_the_env_stays_usable():
         with pytest.raises(RemoteEnvError, match="SystemExit") as info:
             env.env_method("exit_now", indices=[3])
         assert any("env 3" in note and "env_method" in note for note in info.value.__notes__)
-        assert all(p.is_alive() for p in env._res.processes)
+        assert all(p.is_alive() for p in env._engine.workers.processes)
         env.reset()
         env.step(_actions())
         assert env.get_attr("tag") == [0, 1, 2, 3]
@@ -210,14 +211,14 @@ def test_an_interrupt_while_a_step_is_posted_breaks_the_env_once_a_worker_may_ha
     try:
         env.reset()
         env.step(_actions())
-        words = env._words
-        env._words = _InterruptAfter(words, n)
+        words = env._engine.words
+        env._engine.words = _InterruptAfter(words, n)
         with pytest.raises(KeyboardInterrupt):
             env.step(_actions())
-        env._words = words
+        env._engine.words = words
         assert not env.waiting
         if n <= 3:
-            assert env._broken is None
+            assert env._engine.status.failure is None
             env.step(_actions())
             assert env.get_attr("tag") == [0, 1, 2, 3]
         else:
@@ -258,22 +259,22 @@ def test_a_step_interrupted_between_its_post_and_its_wait_is_left_for_step_wait(
         for t in range(8):
             act = rng.integers(0, 3, size=4)
             if t == 2:  # env.step(): interrupted as its wait begins
-                _interrupt_on_entry(env, "_complete")
+                _interrupt_on_entry(env._engine, "complete")
                 with pytest.raises(KeyboardInterrupt):
                     env.step(act)
             elif t == 5:  # step_async(): interrupted as the post returns
-                _interrupt_on_entry(env, "_post", after=True)
+                _interrupt_on_entry(env._engine, "post", after=True)
                 with pytest.raises(KeyboardInterrupt):
                     env.step_async(act)
             if t in (2, 5):
-                assert env.waiting and env._broken is None
+                assert env.waiting and env._engine.status.failure is None
                 with pytest.raises(AlreadyPendingCallError):
                     env.step(act)
                 got = env.step_wait()
             else:
                 got = env.step(act)
             assert_same(got, ref.step(act), f"step {t}")
-        _interrupt_on_entry(env, "_post", after=True)
+        _interrupt_on_entry(env._engine, "post", after=True)
         with pytest.raises(KeyboardInterrupt):
             env.step_async(_actions())
         start = time.monotonic()
@@ -287,7 +288,7 @@ def test_a_reset_interrupted_between_its_post_and_its_wait_breaks_the_env():
     env = _env(_pipe_envs())
     try:
         env.reset()
-        _interrupt_on_entry(env, "_complete")
+        _interrupt_on_entry(env._engine, "complete")
         with pytest.raises(KeyboardInterrupt):
             env.reset()
         with pytest.raises(BrokenVecEnvError):
@@ -301,7 +302,7 @@ def test_a_reset_interrupted_between_its_post_and_its_wait_breaks_the_env():
         env.close()
 
 
-@pytest.mark.parametrize("where", ["_complete", "step_async"])
+@pytest.mark.parametrize("where", ["complete", "post_step"])
 def test_a_vector_env_step_interrupted_before_its_wait_is_finished_by_reset(where):
     """Gymnasium's API has no step_wait() to resume with: every call but reset() and close() says
     to reset, and reset() finishes the step, drops it, and resets.  (As step_async returned, the
@@ -315,10 +316,10 @@ def test_a_vector_env_step_interrupted_before_its_wait_is_finished_by_reset(wher
     try:
         assert_same(envs.reset(seed=0), ref.reset(seed=0))
         assert_same(envs.step(_actions()), ref.step(_actions()))
-        _interrupt_on_entry(envs._engine, where, after=where == "step_async")
+        _interrupt_on_entry(envs._engine, where, after=where == "post_step")
         with pytest.raises(KeyboardInterrupt):
             envs.step(_actions())
-        assert envs._engine.waiting and envs._engine._broken is None
+        assert envs._engine.status.waiting and envs._engine.status.failure is None
         with pytest.raises(AlreadyPendingCallError, match="call reset"):
             envs.step(_actions())
         with pytest.raises(AlreadyPendingCallError, match="call reset"):
@@ -332,7 +333,7 @@ def test_a_vector_env_step_interrupted_before_its_wait_is_finished_by_reset(wher
 def test_an_interrupt_while_a_rare_command_is_sent_breaks_the_env():
     env = _env(_pipe_envs())
     try:
-        conn = env._res.conns[1]
+        conn = env._engine.workers.conns[1]
 
         def interrupted(data):
             raise KeyboardInterrupt
@@ -343,7 +344,7 @@ def test_an_interrupt_while_a_rare_command_is_sent_breaks_the_env():
         del conn.send_bytes
         with pytest.raises(BrokenVecEnvError):
             env.get_attr("tag")  # never worker 0's stale answer
-        procs = [psutil.Process(p.pid) for p in env._res.processes]
+        procs = [psutil.Process(p.pid) for p in env._engine.workers.processes]
         start = time.monotonic()
         env.close()  # worker 1 waits for a message that never comes: it must still see CLOSE
         assert time.monotonic() - start < 2.0
@@ -357,16 +358,16 @@ def test_close_reads_past_a_leftover_answer_that_does_not_unpickle():
     unpickle in this process must not stop close() half way."""
     env = _env(_pipe_envs())
     w = 0
-    env._seq[w] = (env._seq[w] + 1) & 0xFFFFFFFF
-    env._words.store(P.word(w, P.CMD), P.Cmd.PIPE)
-    env._words.store(P.word(w, P.CMD_SEQ), env._seq[w])
-    env._words.wake(P.word(w, P.CMD_SEQ))
-    env._res.conns[w].send(("env_method", ([0], "unloadable", (), {})))
+    env._engine.seqs[w] = (env._engine.seqs[w] + 1) & 0xFFFFFFFF
+    env._engine.words.store(P.word(w, P.CMD), P.Cmd.PIPE)
+    env._engine.words.store(P.word(w, P.CMD_SEQ), env._engine.seqs[w])
+    env._engine.words.wake(P.word(w, P.CMD_SEQ))
+    env._engine.workers.conns[w].send(("env_method", ([0], "unloadable", (), {})))
     deadline = time.monotonic() + 10
-    while not env._res.conns[w].poll(0.05) and time.monotonic() < deadline:
+    while not env._engine.workers.conns[w].poll(0.05) and time.monotonic() < deadline:
         pass
     env.close()  # the conftest fixture fails the test on any descriptor, mapping or process left
-    assert env._res is None or env._res.released
+    assert env._engine.workers is None or env._engine.workers.released
 
 
 def test_an_interrupt_during_close_still_stops_every_worker():
@@ -374,7 +375,7 @@ def test_an_interrupt_during_close_still_stops_every_worker():
                                                               else {})) for i in range(4)]
     env = ShmVecEnv(fns, n_workers=2, start_method="fork")
     env.reset()
-    procs = list(env._res.processes)
+    procs = list(env._engine.workers.processes)
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
@@ -410,33 +411,33 @@ def test_a_worker_exiting_instead_of_answering_is_reported_as_died():
     env = _env(_pipe_envs())
     try:
         w = 1
-        env._seq[w] = (env._seq[w] + 1) & 0xFFFFFFFF  # an unknown command code: the worker loop fails
-        env._words.store(P.word(w, P.CMD), 99)
-        env._words.store(P.word(w, P.CMD_SEQ), env._seq[w])
-        env._words.wake(P.word(w, P.CMD_SEQ))
+        env._engine.seqs[w] = (env._engine.seqs[w] + 1) & 0xFFFFFFFF  # an unknown command code: the worker loop fails
+        env._engine.words.store(P.word(w, P.CMD), 99)
+        env._engine.words.store(P.word(w, P.CMD_SEQ), env._engine.seqs[w])
+        env._engine.words.wake(P.word(w, P.CMD_SEQ))
         with pytest.raises(WorkerDiedError, match="worker 1 .* exited during get_attr without answering"):
-            env._recv(w, "get_attr", "")
+            env._engine.channel.recv(w, "get_attr", "")
         with pytest.raises(BrokenVecEnvError):
             env.get_attr("tag")
     finally:
         env.close()
 
 
-class _InterruptedAttach(ShmVecEnv):
+def test_an_interrupt_during_the_attach_handshake_closes_the_workers_at_once(monkeypatch):
     """Ctrl-C while the parent waits for worker 1's "ready" (worker 0 serves already)."""
+    recv = Channel.recv
 
-    def _recv(self, w, command, hint):
+    def interrupted(self, w, command, hint):
         if command == "attach" and w == 1:
             time.sleep(0.3)  # both workers have attached by now
             raise KeyboardInterrupt
-        return super()._recv(w, command, hint)
+        return recv(self, w, command, hint)
 
-
-def test_an_interrupt_during_the_attach_handshake_closes_the_workers_at_once():
+    monkeypatch.setattr(Channel, "recv", interrupted)
     fns = [functools.partial(testenvs.make_pipe_env, i) for i in range(4)]
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        _InterruptedAttach(fns, n_workers=2, start_method="fork")
+        ShmVecEnv(fns, n_workers=2, start_method="fork")
     assert time.monotonic() - start < 3.0  # no 5 s wait for a SIGTERM: CLOSE reached them
 
 
@@ -455,10 +456,10 @@ def test_restart_mode_restarts_a_worker_that_dies_once_done_before_its_message_i
         env.step(_actions())
         env.step_async(_actions())
         deadline = time.monotonic() + 10
-        while env._words.load(P.PENDING) != 0 and time.monotonic() < deadline:
+        while env._engine.words.load(P.PENDING) != 0 and time.monotonic() < deadline:
             time.sleep(0.001)
         time.sleep(0.05)  # worker 1 is in send(): the socket's buffer holds a part of the message
-        os.kill(env._res.processes[1].pid, signal.SIGKILL)
+        os.kill(env._engine.workers.processes[1].pid, signal.SIGKILL)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             _, _, dones, infos = env.step_wait()
@@ -477,7 +478,7 @@ def _half_then_interrupted(env):
 
     def send(w, data, command):
         n = len(data)
-        env._res.conns[w]._send(n.to_bytes(4, "big", signed=True) + bytes(data[: n // 2]))
+        env._engine.workers.conns[w]._send(n.to_bytes(4, "big", signed=True) + bytes(data[: n // 2]))
         raise KeyboardInterrupt
 
     return send
@@ -489,14 +490,14 @@ def test_an_interrupt_in_the_middle_of_a_large_message_still_closes_the_worker_g
     close its envs and exit by itself (exit code 0), not wait out the 5 s before SIGTERM."""
     env = _env(_pipe_envs())
     try:
-        env._send_bytes = _half_then_interrupted(env)
+        env._engine.channel.send_bytes = _half_then_interrupted(env)
         with pytest.raises(KeyboardInterrupt):
             env.env_method("size_of", b"x" * HUGE, indices=[2])
-        del env._send_bytes
+        del env._engine.channel.send_bytes
         with pytest.raises(BrokenVecEnvError):
             env.get_attr("tag")
         codes = {}
-        for p in env._res.processes:  # the exit codes, read before close() closes the objects
+        for p in env._engine.workers.processes:  # the exit codes, read before close() closes the objects
             p.close = functools.partial(lambda p, close: (codes.setdefault(p.name, p.exitcode), close()), p, p.close)
         start = time.monotonic()
         env.close()
@@ -537,11 +538,11 @@ def test_reset_options_larger_than_the_mailbox_go_through_the_pipe(face):
 def test_an_interrupt_while_large_reset_options_are_sent_breaks_the_env_and_close_is_prompt():
     env = _env(_pipe_envs(), mailbox_bytes=4096)
     try:
-        env._send_bytes = _half_then_interrupted(env)
+        env._engine.channel.send_bytes = _half_then_interrupted(env)
         env.set_options({"level": np.zeros(HUGE // 8)})
         with pytest.raises(KeyboardInterrupt):
             env.reset()
-        del env._send_bytes
+        del env._engine.channel.send_bytes
         with pytest.raises(BrokenVecEnvError):
             env.reset()
         start = time.monotonic()
@@ -562,7 +563,7 @@ def test_a_worker_that_does_not_read_a_large_argument_times_out(on_failure):
     from shmvec import WorkerRestartWarning, WorkerTimeoutError
 
     env = _env(_pipe_envs(), mailbox_bytes=4096, timeout=1.0, on_failure=on_failure)
-    pid = env._res.processes[1].pid
+    pid = env._engine.workers.processes[1].pid
     try:
         env.reset()
         env.set_options({"level": np.zeros(HUGE // 8)})
@@ -582,10 +583,10 @@ def test_a_worker_that_does_not_read_a_large_argument_times_out(on_failure):
             assert env.restarts == 1 and "shmvec_restarted" in env.reset_infos[2]
             assert env.env_method("last_option_sum") == [0] * 4
             with pytest.raises(WorkerTimeoutError, match="did not read its message"):
-                os.kill(env._res.processes[0].pid, signal.SIGSTOP)
+                os.kill(env._engine.workers.processes[0].pid, signal.SIGSTOP)
                 try:
                     env.env_method("size_of", b"x" * HUGE, indices=[0])
                 finally:
-                    os.kill(env._res.processes[0].pid, signal.SIGCONT)
+                    os.kill(env._engine.workers.processes[0].pid, signal.SIGCONT)
     finally:
         env.close()

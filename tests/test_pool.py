@@ -772,7 +772,7 @@ def test_a_broken_sb3_pool_says_so_on_every_call(in_flight):
         with pytest.raises(KeyboardInterrupt):
             env.reset()
         signal.setitimer(signal.ITIMER_REAL, 0)
-        assert env._pool._engine._broken is not None
+        assert env._pool._engine.status.failure is not None
         for call in (lambda: env.step(actions), lambda: env.step_async(actions), env.step_wait, env.reset):
             with pytest.raises(BrokenVecEnvError):
                 call()

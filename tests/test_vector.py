@@ -221,12 +221,12 @@ def test_set_attr_sends_each_worker_only_its_own_envs_values():
     try:
         sent = []
         engine = env._engine
-        send = engine._send_bytes
-        engine._send_bytes = lambda w, data, command: (sent.append(len(data)), send(w, data, command))
+        send = engine.channel.send_bytes
+        engine.channel.send_bytes = lambda w, data, command: (sent.append(len(data)), send(w, data, command))
         values = [bytes([i]) * 300_000 for i in range(4)]
         env.set_attr("blob", values)
         assert len(sent) == 2 and max(sent) < 700_000, sent  # two values each, not all four
-        del engine._send_bytes
+        del engine.channel.send_bytes
         assert [b[:1] for b in env.get_attr("blob")] == [bytes([i]) for i in range(4)]
         assert all(len(b) == 300_000 for b in env.get_attr("blob"))
     finally:
@@ -369,7 +369,7 @@ if __name__ == "__main__":
 
 
 def test_gymnasium_face_and_pool_import_neither_sb3_nor_torch(tmp_path):
-    """Their engine runs over shmvec._vec_core.VecBase, not SB3's VecEnv: a Gymnasium user's
+    """Their engine (shmvec._engine) does not import SB3: a Gymnasium user's
     process does not pay for importing SB3 and torch (about 1.2 s and 200 MB)."""
     script = tmp_path / "gym_only.py"
     script.write_text(_NO_SB3_SCRIPT)
@@ -380,63 +380,21 @@ def test_gymnasium_face_and_pool_import_neither_sb3_nor_torch(tmp_path):
 
 
 @pytest.mark.parametrize("render_mode", [None, "rgb_array"])
-def test_vec_base_does_what_sb3_vec_env_does(render_mode):
-    """VecBase stands in for the parts of SB3's VecEnv that the engine uses: the same attributes
-    after __init__, the same seeds/options bookkeeping, the same index expansion."""
+def test_gymnasium_face_finds_render_mode_and_indices_as_sb3_does(render_mode):
+    """The engine, without SB3, finds the envs' render mode and expands indices as SB3's VecEnv does."""
     from stable_baselines3.common.vec_env import DummyVecEnv
-    from stable_baselines3.common.vec_env.base_vec_env import VecEnv
-
-    from shmvec._vec_core import VecBase
 
     fns = [functools.partial(testenvs.make_spaces_env, "box", "discrete", i, render_mode=render_mode)
            for i in range(3)]
-    envs = DummyVecEnv(fns)
-
-    class Calls:  # what the engine itself provides, here answered by a DummyVecEnv
-        def get_attr(self, name, indices=None):
-            return envs.get_attr(name, indices)
-
-        def step_async(self, actions):
-            self.sent = actions
-
-        def step_wait(self):
-            return ("stepped", self.sent)
-
-        def reset(self): ...
-        def close(self): ...
-        def set_attr(self, *args, **kwargs): ...
-        def env_method(self, *args, **kwargs): ...
-        def env_is_wrapped(self, *args, **kwargs): ...
-
-    class Ours(Calls, VecBase):
-        pass
-
-    class Sb3(Calls, VecEnv):
-        pass
-
+    ref = DummyVecEnv(fns)
+    env = ShmVectorEnv(fns, n_workers=2, start_method="fork")
     try:
-        ours = Ours(3, envs.observation_space, envs.action_space)
-        ref = Sb3(3, envs.observation_space, envs.action_space)
-        for name in ("num_envs", "observation_space", "action_space", "reset_infos", "_seeds", "_options",
-                     "render_mode", "metadata"):
-            assert getattr(ours, name) == getattr(ref, name), name
-        for options in ({"a": [1]}, [{"a": 1}, {}, {"b": 2}], None):
-            ours.set_options(options)
-            ref.set_options(options)
-            assert ours._options == ref._options
-            if isinstance(options, dict):
-                assert ours._options[0] is not options and ours._options[0]["a"] is not options["a"]  # deep copies
-        ours._reset_options()
-        ref._reset_options()
-        ours._seeds = ref._seeds = [1, 2, 3]
-        ours._reset_seeds()
-        ref._reset_seeds()
-        assert ours._options == ref._options and ours._seeds == ref._seeds
+        assert env.render_mode == ref.render_mode
         for indices in (None, 2, [0, 2], range(1, 3)):
-            assert list(ours._get_indices(indices)) == list(ref._get_indices(indices))
-        assert ours.step("a") == ref.step("a") == ("stepped", "a")
+            assert list(env._engine.indices(indices)) == list(ref._get_indices(indices))
     finally:
-        envs.close()
+        env.close()
+        ref.close()
 
 
 @pytest.mark.timeout(170)

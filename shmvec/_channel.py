@@ -1,0 +1,277 @@
+"""The pipe channel: the engine's rare commands and every message that does not fit the shared words.
+
+Each worker has a duplex pipe.  The parent sends on it the handshake, a posted command's
+arguments that did not fit the mailbox (``ARG_IN_PIPE``), and the rare commands
+(``get_attr``, ``env_method``, ..., :class:`shmvec._protocol.Call`); a worker answers on it
+with an error, a result too large for its mailbox, or a rare command's answer
+(:class:`shmvec._protocol.Pipe` tags).  The protocol, "Rare commands", says in which order.
+
+Every wait here is bounded: it polls the pipe and the worker's process sentinel together, so a
+dead worker is noticed at once (``WorkerDiedError``), and past ``timeout`` a live one that does
+not answer gives ``WorkerTimeoutError`` with the stacks of where it is stuck.  A send of a
+message larger than the socket's buffer is written as the worker reads it, so a worker that
+does not read cannot block the parent for ever either.  Failures are recorded on the engine's
+:class:`shmvec._state.Status` (the channel holds it, not the engine).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import time
+from multiprocessing import reduction
+from multiprocessing.connection import wait as mp_wait
+from typing import Any
+
+from shmvec import _protocol as P
+from shmvec._errors import ClosedVecEnvError, WorkerTimeoutError, unpack_exception
+from shmvec._layout import group_by_slice
+from shmvec._state import Status, record
+from shmvec._workers import BROKEN_HINT, CLOSE_JOIN_S, DIED_JOIN_S, START_HINT, WorkerSet
+
+CALL_HINT = "The vec env is still usable."
+
+
+def ranges(indices: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0..2, 5"``."""
+    if not indices:
+        return "none"
+    out, start, prev = [], indices[0], indices[0]
+    for i in indices[1:] + [None]:  # type: ignore[list-item]
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(f"{start}" if start == prev else f"{start}..{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(out)
+
+
+class Channel:
+    """The pipes of a :class:`~shmvec._workers.WorkerSet` (see the module docstring)."""
+
+    def __init__(self, workers: WorkerSet, status: Status, seqs: list[int], timeout: float | None) -> None:
+        self.workers = workers
+        self.status = status
+        self.seqs = seqs  # the engine's CMD_SEQ counters (shared list)
+        self.timeout = timeout  # raised for a while by the start and restarts (imports are slow)
+
+    # ---- liveness -----------------------------------------------------------------------------
+    def check_alive(self, command: str, workers: Any = None) -> None:
+        """Raises WorkerDiedError if a worker (of ``workers``, default all) has died (recorded)."""
+        if self.status.closed:  # by a signal handler that ran in this wait: the processes are gone
+            raise ClosedVecEnvError(
+                f"this {self.status.public_name} was closed during {command} (by a signal handler?)")
+        dead = self.workers.dead(workers)
+        if dead:
+            # The sentinel is ready once the process has closed its descriptors, which can be a
+            # moment before it can be reaped: join(0) would often report it as "still running".
+            raise self.died(dead[0], f"died during {command}", DIED_JOIN_S)
+
+    def died(self, w: int, what: str, join_s: float, why: str | None = None) -> BaseException:
+        """Worker w's WorkerDiedError, recorded as what broke the engine, to be raised."""
+        err, stacks = self.workers.died(w, what, join_s, self.status.starting, why)
+        return record(self.status, err, stacks)
+
+    def raise_if_died(self, w: int, command: str) -> None:
+        """After a failed pipe operation: raises WorkerDiedError if worker w is exiting.
+
+        A dead peer shows on the pipe as EOF, ECONNRESET (it died with our message unread) or
+        EPIPE, possibly a moment before its sentinel is ready, so wait for the sentinel briefly.
+        """
+        mp_wait([self.workers.processes[w].sentinel], timeout=DIED_JOIN_S)
+        self.check_alive(command)
+
+    # ---- receiving ----------------------------------------------------------------------------
+    def wait(self, w: int, command: str) -> None:
+        """Blocks until worker w's pipe has data; raises if the worker dies or the timeout passes."""
+        workers = self.workers
+        conn = workers.conns[w]
+        since = time.monotonic()
+        while not conn.poll(0):
+            ready = mp_wait([conn, workers.processes[w].sentinel], timeout=P.POLL_S)
+            if conn in ready or conn.poll(0):
+                return
+            if ready:
+                self.check_alive(command, [w])
+            if self.timeout is not None and time.monotonic() - since >= self.timeout:
+                sl = workers.slices[w]
+                what = (START_HINT if self.status.starting
+                        else "Call close() (it terminates it) and build a new vec env.")
+                stacks = workers.stacks([w])
+                raise record(self.status, WorkerTimeoutError(
+                    f"{command}: worker {w} (envs {sl.start}..{sl.stop - 1}{workers.in_env(w)}) did not answer "
+                    f"within {self.timeout:g} s. " + ("Where it was is shown above (faulthandler). " if stacks else "")
+                    + what
+                ), stacks)
+
+    def recv_raw(self, w: int, command: str, raw_bytes: bool = False) -> Any:
+        """The next message from worker w (its bytes with ``raw_bytes``); WorkerDiedError if it died."""
+        self.wait(w, command)
+        conn = self.workers.conns[w]
+        try:
+            return conn.recv_bytes() if raw_bytes else conn.recv()
+        except (EOFError, OSError):
+            self.raise_if_died(w, command)
+            raise
+
+    def recv(self, w: int, command: str, hint: str) -> Any:
+        """The payload of worker w's next message; its exception if it sent one."""
+        tag, payload = self.recv_raw(w, command)
+        if tag == P.Pipe.ERROR:
+            raise unpack_exception(payload, hint)
+        if tag == P.Pipe.CLOSED:
+            self.exited_instead(w, command, payload)
+        return payload
+
+    def exited_instead(self, w: int, command: str, packed: dict | None) -> None:
+        """Worker w sent its last message (CLOSED: it is exiting) where an answer to ``command``
+        was awaited: WorkerDiedError with its exit code, and what its envs' close() raised."""
+        err = self.died(w, f"exited during {command} without answering,", CLOSE_JOIN_S,
+                        "The worker loop itself failed (see the cause, if any).")
+        if packed is not None:
+            err.__cause__ = unpack_exception(packed, BROKEN_HINT)
+            self.status.fail(err, first=False)  # again, with its cause: the status keeps a copy
+        try:
+            raise err
+        finally:
+            del err  # a local holding it would hold this frame (and the engine) through its traceback
+
+    # ---- sending ------------------------------------------------------------------------------
+    def send_bytes(self, w: int, data: Any, command: str) -> None:
+        """``conn.send_bytes(data)`` to worker w, bounded by ``timeout`` like every wait here.
+
+        A message larger than the socket's buffer is written as the worker reads it: a worker
+        that is alive but does not read (stopped, or stuck in native code) would block a plain
+        send for ever.  Written non-blocking, polling the socket; same framing as
+        ``Connection.send_bytes`` (a 4-byte big-endian length, or -1 and 8 bytes above 2 GiB).
+        EPIPE/ECONNRESET (the worker died) propagate as from ``send_bytes``.
+
+        :raises WorkerTimeoutError: the worker took none of it for ``timeout`` seconds (the vec
+            env is broken: half a message is in the pipe).
+        """
+        conn = self.workers.conns[w]
+        view = memoryview(data).cast("B")
+        n = len(view)
+        header = n.to_bytes(4, "big", signed=True) if n <= 0x7FFFFFFF else b"\xff\xff\xff\xff" + n.to_bytes(8, "big")
+        if n <= 16384:  # fits the socket's buffer: one write, as Connection does
+            conn.send_bytes(view)
+            return
+        fd = conn.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        since = time.monotonic()
+        os.set_blocking(fd, False)
+        try:
+            for part in (memoryview(header), view):
+                done = 0
+                while done < len(part):
+                    try:
+                        wrote = os.write(fd, part[done:done + (1 << 20)])
+                    except BlockingIOError:
+                        wrote = 0
+                    if wrote:
+                        done += wrote
+                        since = time.monotonic()  # the worker reads: the timeout counts idle time
+                        continue
+                    if poller.poll(int(P.POLL_S * 1000)):
+                        continue
+                    if not self.workers.processes[w].is_alive():
+                        raise BrokenPipeError(f"worker {w} died while {command}'s message was sent")
+                    if self.timeout is not None and time.monotonic() - since >= self.timeout:
+                        sl = self.workers.slices[w]
+                        raise record(self.status, WorkerTimeoutError(
+                            f"{command}: worker {w} (envs {sl.start}..{sl.stop - 1}) did not read its message "
+                            f"({n} bytes) within {self.timeout:g} s. The env may hang; call close() (it terminates "
+                            "it) and build a new vec env."))
+        finally:
+            os.set_blocking(fd, True)
+
+    def send_args(self, in_pipe: dict[int, bytes], command: str, restarting: bool) -> None:
+        """Sends the posted command's arguments that did not fit in the mailbox (ARG_IN_PIPE).
+        ``restarting``: a worker that died or does not read is left (killed) for the restart."""
+        for w, data in in_pipe.items():
+            try:
+                self.send_bytes(w, data, command)
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                if restarting:
+                    continue  # the worker died: the command's completion restarts it
+                self.raise_if_died(w, command)
+                self.status.fail(exc)
+                raise
+            except WorkerTimeoutError:
+                if restarting:  # alive but not reading: killed, and restarted like a hung step
+                    self.status.recover()
+                    self.workers.processes[w].kill()
+                    continue
+                raise
+            except BaseException as exc:  # interrupted half way: the worker waits for the rest
+                self.status.fail(exc)
+                raise
+
+    # ---- rare commands ------------------------------------------------------------------------
+    def call(self, name: str, targets: list[int], args: tuple) -> list[Any]:
+        """Runs rare command ``name`` on the envs ``targets``; their answers, in that order.
+
+        The engine checked that it may (state IDLE).  An exception an env raised is re-raised
+        as itself and leaves the engine usable; an interruption or a dead worker breaks it.
+        """
+        workers, status = self.workers, self.status
+        groups = group_by_slice(targets, workers.slices)  # answers go back by position (see there)
+        by_worker = {w: idx for w, (idx, _) in groups.items()}
+        positions = {w: pos for w, (_, pos) in groups.items()}
+        # Pickled before anything is posted: an argument that does not pickle leaves the env usable.
+        if name == P.Call.SET_WRAPPER_ATTR:  # one value per env: each worker gets only its own envs' values
+            values = args[1]
+            messages = {w: reduction.ForkingPickler.dumps((name, (idx, args[0], {i: values[i] for i in idx})))
+                        for w, idx in by_worker.items()}
+        else:
+            messages = {w: reduction.ForkingPickler.dumps((name, (idx, *args))) for w, idx in by_worker.items()}
+        answers: list[Any] = [None] * len(targets)
+        error: BaseException | None = None
+        words, seqs = workers.words, self.seqs
+        assert words is not None
+        try:
+            for w in by_worker:  # post, then send (protocol, "Rare commands")
+                seqs[w] = (seqs[w] + 1) & 0xFFFFFFFF
+                words.store(P.word(w, P.CMD), P.Cmd.PIPE)
+                words.store(P.word(w, P.CMD_SEQ), seqs[w])
+                words.wake(P.word(w, P.CMD_SEQ))
+                try:
+                    self.send_bytes(w, messages[w], name)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.raise_if_died(w, name)
+                    raise
+            for w, idx in by_worker.items():
+                data = self.recv_raw(w, name, raw_bytes=True)
+                try:
+                    tag, payload = pickle.loads(data)
+                except Exception as exc:  # read whole: the pipe is in step, the env stays usable
+                    exc.add_note(
+                        f"shmvec: the answer of worker {w} (envs {ranges(idx)}) to {name} pickled there but does "
+                        "not unpickle in this process (an object only the worker can rebuild: a CUDA tensor, "
+                        "a class the worker imported); return plain data (numbers, numpy arrays) instead."
+                    )
+                    error = error or exc
+                    continue
+                if tag == P.Pipe.ERROR:
+                    if payload["command"] is None:  # the message did not unpickle in the worker
+                        payload["command"] = f"{name} (unpickling its arguments in the worker)"
+                    error = error or unpack_exception(payload, CALL_HINT)
+                elif tag == P.Pipe.CLOSED:
+                    self.exited_instead(w, name, payload)
+                else:
+                    for pos, value in zip(positions[w], payload):
+                        answers[pos] = value
+        except BaseException as exc:
+            # Interrupted (or a worker died): an answer left in a pipe would be taken for the
+            # next call's, and a worker posted but never sent its message waits for it.
+            status.fail(exc)
+            raise
+        if error is not None:
+            try:
+                raise error
+            finally:
+                error = None  # a local holding it would hold this frame (and the engine) through its traceback
+        return answers

@@ -1,0 +1,525 @@
+"""The engine: workers stepping slices of envs in shared memory, driven through the shared words.
+
+An :class:`Engine` is what every front-end holds (:class:`shmvec.ShmVecEnv` for SB3,
+:class:`shmvec.ShmVectorEnv` for Gymnasium, the pools).  It owns its parts, each in a module of
+its own:
+
+- :class:`shmvec._options.Options`: the checked constructor options;
+- :class:`shmvec._workers.WorkerSet`: processes, pipes, the shared block, deaths, release;
+- :class:`shmvec._channel.Channel`: the pipes (handshakes, large arguments and results, rare commands);
+- :class:`shmvec._restarts.Restarts`: ``on_failure="restart"`` (absent otherwise);
+- :class:`shmvec._state.Status`: the parent's single state (its diagram is there).
+
+The engine itself runs the shared-word protocol of :mod:`shmvec._protocol`: it posts a command
+to every worker (:meth:`post`), waits for PENDING to reach zero and reads each worker's result
+(:meth:`complete`), and leaves the observations, rewards and flags in :attr:`views` for the
+front-end to turn into its own return values.  It speaks no front-end's API: no SB3 infos, no
+Gymnasium batching, no seeds policy.
+
+Start-up: the workers are launched in parallel; handshake 1 gets each one's spaces (no env is
+ever built in the parent), the block is laid out (:mod:`shmvec._layout`) and created; handshake
+2 has every worker attach, then the block's name is unlinked, so that no segment outlives a
+killed parent.
+"""
+
+from __future__ import annotations
+
+import collections
+import pickle
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from shmvec import _masks
+from shmvec import _protocol as P
+from shmvec import factories as F
+from shmvec._actions import ActionWriter
+from shmvec._channel import Channel, ranges
+from shmvec._core import current_cpu, load_result
+from shmvec._errors import (
+    AlreadyPendingCallError,
+    ShmVecEnvError,
+    SpaceError,
+    WorkerDiedError,
+    WorkerStacks,
+    WorkerTimeoutError,
+    caused,
+    describe_exitcode,
+    unpack_exception,
+)
+from shmvec._layout import Layout, make_gather, scalar_float_box
+from shmvec._options import Options
+from shmvec._restarts import Restarts
+from shmvec._state import COLLECTING, CONSUMED, DONE, IDLE, POSTED, Status, record
+from shmvec._core import Words
+from shmvec._workers import BROKEN_HINT, CLOSE_JOIN_S, START_HINT, WorkerSet
+
+_ERROR = int(P.Status.ERROR)
+_STEP = int(P.Cmd.STEP)
+# Starting a worker imports its modules and builds its envs: a step-sized timeout is too short.
+START_TIMEOUT_FLOOR_S = 60.0
+
+
+class Engine:
+    """Workers, shared memory and the shared-word protocol (see the module docstring).
+
+    :param env_fns: the factories; ``options`` as :meth:`shmvec._options.Options.build` takes them.
+    """
+
+    # Class-level defaults: close() is safe on a half-built engine.
+    status = Status("engine")
+    workers: WorkerSet | None = None
+    restarts: Restarts | None = None
+    views: Any = None
+    step_actions: tuple | None = None  # the step's short way, when the spaces allow it
+    done_step: list[list] | None = None  # the items of the step in flight once read (state DONE)
+    actions: ActionWriter | None = None
+
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], *, batch_dict: type = collections.OrderedDict,
+                 **options: Any) -> None:
+        self.status = status = Status(options.get("public_name", "ShmVecEnv"))
+        opts, env_fns = Options.build(env_fns, **options)
+        self.options = opts
+        if opts.preload:
+            F.set_forkserver_preload(opts.preload)
+        # Plain-data descriptions of the factories (or why there is none); the factories are not kept.
+        self.descriptions = F.describe_env_fns(env_fns)
+        self.slices = opts.slices
+        self.n_workers = opts.n_workers
+        self.timeout = opts.timeout
+        self.owner = [w for w, sl in enumerate(self.slices) for _ in sl]  # env index -> its worker
+        self.seqs = [0] * opts.n_workers
+        self.masks_live = opts.action_masks is True  # workers write masks (None: from the first ask)
+        self._batch_dict = batch_dict  # a Dict observation batch: OrderedDict (SB3) or dict (Gymnasium)
+        payloads = [F.pickle_factories(env_fns, sl) for sl in self.slices]
+        self.workers = workers = WorkerSet(opts, payloads)
+        self._finalizer = weakref.finalize(self, workers.release)
+        self.channel = Channel(workers, status, self.seqs, max(opts.timeout, START_TIMEOUT_FLOOR_S)
+                               if opts.timeout is not None else None)
+        try:
+            self._start()
+        except BaseException as exc:
+            status.close()
+            if isinstance(exc, WorkerTimeoutError):
+                workers.release(polite=False)  # a worker stuck in a factory would not answer CLOSE either
+            self._finalizer()
+            raise
+        finally:
+            self.channel.timeout = opts.timeout
+        if opts.restart:
+            self.restarts = Restarts(self)
+        status.enter(IDLE)
+
+    # ---- start-up -----------------------------------------------------------------------------------
+    def _start(self) -> None:
+        workers, channel, n = self.workers, self.channel, self.n_workers
+        assert workers is not None
+        workers.launch_all()
+        # Handshake 1: every worker reports its spaces (no env is ever built here).
+        try:
+            hellos = [channel.recv(w, "env construction", START_HINT) for w in range(n)]
+        except Exception as exc:
+            F.explain_construction_error(exc, self.options.start_method)
+            raise
+        obs_space, act_space, render_mode, metadata, _ = hellos[0]
+        for w, (o, a, *_) in enumerate(hellos[1:], start=1):
+            for name, mine, first in (("observation_space", o, obs_space), ("action_space", a, act_space)):
+                if mine != first:
+                    raise SpaceError(
+                        f"env {self.slices[w].start} has {name} {mine}, env 0 has {first}: "
+                        "all envs of a vec env must share their spaces."
+                    )
+        mask_size = _masks.resolve(self.options.action_masks, all(h[4] for h in hellos), act_space)
+        mailbox_bytes = self.options.mailbox_bytes
+        layout = Layout(obs_space, act_space, self.slices[-1].stop, n, mailbox_bytes, mask_size)
+        shm = workers.create_block(layout.nbytes)
+
+        # Handshake 2: every worker attaches; then the name is unlinked, so no segment outlives us.
+        # The words exist first: a worker that has attached serves them, and only a CLOSE posted
+        # there reaches it if this is interrupted (on the pipe it would wait 5 s for SIGTERM).
+        self.words = workers.words = Words(shm.buf, layout.ctrl_offset, layout.ctrl_words)
+        workers.ready = set()
+        for conn in workers.conns:
+            conn.send((P.Pipe.ATTACH, (shm.name, layout.n_envs, n, mailbox_bytes, mask_size, self.masks_live)))
+        for w in range(n):
+            channel.recv(w, "attach", START_HINT)
+            workers.ready.add(w)
+        workers.unlink()
+
+        self.layout = layout
+        self.num_envs = layout.n_envs
+        self.observation_space, self.action_space, self.metadata = obs_space, act_space, metadata
+        views = self.views = workers.views = layout.views(shm.buf)
+        self._cmd_words = [(P.word(w, P.CMD_SEQ), P.word(w, P.CMD), P.word(w, P.CMD_SLEEPERS)) for w in range(n)]
+        self._result_words = [(P.word(w, P.STATUS), P.word(w, P.RESULT_LEN)) for w in range(n)]
+        self.obs_view = make_gather(obs_space, views.obs, copy=False, top_dict=self._batch_dict)
+        self.obs_copy = make_gather(obs_space, views.obs, copy=True, top_dict=self._batch_dict)
+        self.term_obs = make_gather(obs_space, views.term_obs, copy=True)
+        self.actions = ActionWriter(act_space, layout.act_leaves, views.act, layout.n_envs,
+                                    self.options.invalid_actions)
+        # The step's short way for the usual spaces: one observation leaf (a Box, Discrete, ...)
+        # and one action leaf whose batch copy_actions checks and copies in one C call.
+        single_obs = list(views.obs) == [()]
+        self.obs_leaf = views.obs[()] if single_obs else None
+        # (Not a scalar float Box: its row would come back a numpy scalar; term_obs gives a 0-d array.)
+        self.term_leaf = views.term_obs[()] if single_obs and not scalar_float_box(obs_space) else None
+        self.step_actions = self.actions.single
+
+    # ---- facts ------------------------------------------------------------------------------------
+    @property
+    def parent_spin_s(self) -> float:
+        return self.options.parent_spin_s
+
+    def worker_of(self, i: int) -> int:
+        return self.owner[i]
+
+    def env_render_mode(self) -> str | None:
+        """The envs' common ``render_mode`` (as SB3's ``VecEnv.__init__`` finds it), for the faces
+        that are not SB3's: a warning and None if the envs have none."""
+        try:
+            modes = self.call(P.Call.GET_ATTR, None, ("render_mode",))
+        except AttributeError:
+            warnings.warn("The `render_mode` attribute is not defined in your environment. It will be set to None.")
+            modes = [None] * self.num_envs
+        if not all(mode == modes[0] for mode in modes):
+            raise ValueError(f"render_mode should be the same for all environments, got {modes}")
+        return modes[0]
+
+    def check_usable(self) -> None:
+        """:raises ClosedVecEnvError, BrokenVecEnvError: see :class:`shmvec._state.Status`."""
+        self.status.check_usable()
+
+    def check_idle(self, what: str) -> None:
+        """Usable, and no step in flight.  :raises AlreadyPendingCallError: a step is in flight."""
+        self.status.check_usable()
+        if self.status.waiting:
+            raise AlreadyPendingCallError(f"{what}() while a step is in flight: call step_wait() first")
+
+    # ---- the step -----------------------------------------------------------------------------------
+    def post_step(self, actions: Any) -> None:
+        """Writes ``actions`` into shared memory and starts every worker (state POSTED).
+
+        :raises ValueError: the actions do not fit (``InvalidActionError``: NaN or out of range).
+        :raises AlreadyPendingCallError: a step is already in flight.
+        """
+        self.status.check_usable()
+        if self.status.waiting:
+            raise AlreadyPendingCallError(
+                "step_async() while a step is in flight (a step_async() without its step_wait(), or a step "
+                "interrupted by Ctrl-C): call step_wait() to collect it, or reset()")
+        self.actions.write(actions)
+        # Restarted envs that await their truncation report are not stepped.
+        self.post(P.Cmd.STEP, skip=self.restarts.fresh if self.restarts is not None else ())
+
+    def complete_step(self) -> list[list]:
+        """The workers' items of the step in flight: waits for them the first time (state DONE
+        after), returns them again after that; :meth:`finish_step` ends the step.
+
+        A Ctrl-C (any exception a signal handler raises) before or during the wait, or a
+        ``KeyboardInterrupt`` while reading, leaves the step in flight, to be collected again
+        (SB3's ``step_wait``; ``reset()`` and ``close()`` finish it and drop it), unless a pipe
+        message was consumed (state CONSUMED) or restart mode is on (its own books): the engine is
+        then broken.  So is it when the step failed, or reading its results raised an ``Exception``.
+        """
+        status = self.status
+        if status.state is DONE:
+            return self.done_step  # type: ignore[return-value]
+        try:
+            results = self.complete("step")
+            self.done_step = results  # before the state: a Ctrl-C may land as complete() returns
+            status.enter(DONE)
+        except BaseException as exc:
+            if self.done_step is not None and status.state is not DONE:  # it landed between the two
+                status.enter(DONE)
+            elif (status.state is CONSUMED or self.restarts is not None
+                    or (status.state is COLLECTING and isinstance(exc, Exception))):
+                status.fail(exc)
+            elif status.state is COLLECTING:  # interrupted while reading: read again next time
+                status.enter(POSTED)
+            raise
+        return results
+
+    def finish_step(self) -> None:
+        """The front-end has returned the step (or failed building its return): nothing in flight
+        (``done_step`` is dropped by the next post)."""
+        self.status.enter(IDLE)
+
+    def drop_step(self) -> None:
+        """A step left in flight (a Ctrl-C, or a step_async() without step_wait()): finished, dropped."""
+        self.complete_step()
+        self.finish_step()
+
+    # ---- reset ---------------------------------------------------------------------------------------
+    def reset(self, seeds: list, options: list, mask: np.ndarray | None = None) -> list[list]:
+        """Runs RESET (of the envs in ``mask``, or all) with per-env seeds and options; returns the
+        workers' items.  A step left in flight is finished and dropped first."""
+        self.status.check_usable()
+        if self.status.waiting:
+            self.drop_step()
+        # No local name for a view of the buffers here: the traceback of an exception raised
+        # below would keep the mapping (and its fd) alive after close().
+        mailbox_bytes = self.layout.mailbox_bytes
+        restarts = self.restarts
+        in_pipe: dict[int, bytes] = {}
+        for w, sl in enumerate(self.slices):
+            env_seeds = seeds[sl.start:sl.stop]
+            env_options = options[sl.start:sl.stop]
+            has_seeds = any(s is not None for s in env_seeds)
+            has_options = any(bool(o) for o in env_options)
+            arg_len = 0
+            data = b""
+            if mask is not None:
+                data = pickle.dumps((env_seeds if has_seeds else None, env_options if has_options else None,
+                                     mask[sl.start:sl.stop].tolist()), protocol=5)
+            elif has_seeds or has_options:
+                data = pickle.dumps((env_seeds if has_seeds else None, env_options if has_options else None),
+                                    protocol=5)
+            if mask is not None or has_seeds or has_options:
+                if len(data) >= mailbox_bytes:  # sent through the pipe once posted (protocol, step 1)
+                    in_pipe[w], arg_len = data, P.ARG_IN_PIPE
+                else:
+                    self.views.mailbox[w, :len(data)] = np.frombuffer(data, dtype=np.uint8)
+                    arg_len = len(data)
+            self.words.store(P.word(w, P.ARG_LEN), arg_len)
+            if restarts is not None:  # a worker restarted during this reset gets the same seeds and options
+                restarts.reset_args[w] = data if arg_len else None
+        try:
+            self.post(P.Cmd.RESET)
+            self.channel.send_args(in_pipe, "reset", self.restarts is not None)
+            return self.complete("reset")
+        except BaseException as exc:
+            # Between the three too (a Ctrl-C lands on any call): posted and not waited for, the
+            # workers' counters no longer match ours.
+            self.status.fail(exc)
+            raise
+
+    # ---- the shared-word protocol ---------------------------------------------------------------------
+    def arm_early_wake(self, cmd: P.Cmd) -> None:
+        """Before a post: tells the workers on which core the parent will sleep (STEP only, and
+        only when it does not spin), and clears the early-wake flag (protocol, "Early wake")."""
+        words = self.words
+        cpu = current_cpu() if cmd == P.Cmd.STEP and self.options.parent_spin_s == 0.0 else -1
+        words.store(P.PARENT_CPU, cpu if cpu >= 0 else P.NO_CPU)
+        words.store(P.EARLY_WAKE, 0)
+
+    def post(self, cmd: P.Cmd, skip: Any = ()) -> None:
+        """Posts ``cmd`` to every worker but those in ``skip`` (protocol steps 1-3); a STEP enters POSTED."""
+        words, seqs = self.words, self.seqs
+        code = int(cmd)
+        posted = 0  # workers whose CMD_SEQ may have changed (counted before the change)
+        all_posted = False
+        try:
+            self.arm_early_wake(cmd)
+            words.store(P.PENDING, self.n_workers - len(skip))
+            for w, (seq_word, cmd_word, _) in enumerate(self._cmd_words):
+                if w not in skip:
+                    posted += 1
+                    seqs[w] = seq = (seqs[w] + 1) & 0xFFFFFFFF
+                    words.store(cmd_word, code)
+                    words.store(seq_word, seq)
+            all_posted = True
+            if code == _STEP:  # here, not in the caller: a Ctrl-C may land as post() returns
+                self.done_step = None
+                self.status.enter(POSTED)
+            self._wake_posted(skip)
+        except BaseException as exc:
+            # Interrupted (Ctrl-C).  Before any worker had its command, nothing was sent (the
+            # next post stores PENDING again).  Once every worker has a step, it is in flight:
+            # the sleepers are woken and step_wait() collects it.  Part way, some workers may
+            # run the command and nobody will wait for them; a next command would store PENDING
+            # under them and read stale results: the engine is broken.
+            if all_posted and code == _STEP and self.status.failure is None:
+                if self.status.state is IDLE:
+                    self.done_step = None
+                    self.status.enter(POSTED)
+                self._wake_posted(skip)
+            elif posted:
+                self.status.fail(exc)
+            raise
+
+    def _wake_posted(self, skip: Any) -> None:
+        # Wake the sleepers only once every worker has its command: a worker woken on this core
+        # may take it at once, and the spinning workers must not wait for it to finish.
+        words = self.words
+        for w, (seq_word, _, sleepers_word) in enumerate(self._cmd_words):
+            if w not in skip:
+                words.wake_sleepers(seq_word, sleepers_word)
+
+    def complete(self, command: str, deadline_s: float | None = None) -> list[list]:
+        """Waits for PENDING to reach 0, then collects each worker's items (or error)."""
+        try:
+            if self.restarts is not None and deadline_s is None and command in ("step", "reset"):
+                return self.restarts.complete(command)
+            return self._complete_or_raise(command, deadline_s)
+        except BaseException as exc:
+            # Interrupted (KeyboardInterrupt, or any exception a signal handler raised) while the
+            # workers still run the command: the counters no longer match, and a next command
+            # would read stale results.  Failures found here were recorded already.  A step's
+            # wait can be taken up again (step_wait()): it only reads the shared words, and the
+            # mailboxes until a pipe message is consumed (complete_step() decides).
+            state = self.status.state
+            if not (command == "step" and deadline_s is None and self.restarts is None
+                    and (state is POSTED or (state is COLLECTING and not isinstance(exc, Exception)))):
+                self.status.fail(exc)
+            raise
+
+    def _complete_or_raise(self, command: str, deadline_s: float | None) -> list[list]:
+        words, status = self.words, self.status
+        limit = self.timeout if deadline_s is None else deadline_s
+        since = time.monotonic()  # the timeout is real time: a loaded machine makes each poll longer
+        pending = words.load(P.PENDING)
+        spin = self.options.parent_spin_s
+        while pending != 0:
+            if not spin and words.load(P.EARLY_WAKE):
+                spin = P.EARLY_SPIN_S  # the worker on this core is done and asleep: spin for the rest
+            value = words.wait_while(P.PENDING, pending, P.POLL_S, spin, P.PARENT_SLEEPERS)
+            if value is not None:
+                pending = value
+                continue
+            self.channel.check_alive(command)
+            if limit is not None and time.monotonic() - since >= limit:
+                raise self._late(command, limit)
+            pending = words.load(P.PENDING)
+        if status.state is POSTED:
+            status.enter(COLLECTING)
+        results: list[list] = []
+        error: BaseException | None = None
+        for w, (status_word, result_word) in enumerate(self._result_words):
+            if words.load(status_word) == _ERROR:
+                self._consumed()
+                tag, packed = self.channel.recv_raw(w, command)
+                exc = unpack_exception(packed, BROKEN_HINT)
+                error = error or exc
+                results.append([])
+                continue
+            n = words.load(result_word)
+            results.append(self.read_result(w, n, command) if n else [])
+        if error is not None:
+            status.fail(error, first=False)
+            try:
+                raise error
+            finally:
+                error = exc = None  # a local holding it would hold this frame (and self) through its traceback
+        return results
+
+    def _late(self, command: str, limit: float) -> BaseException:
+        """WorkerTimeoutError for the workers that have not answered ``command``, recorded."""
+        words, workers = self.words, self.workers
+        late = [w for w in range(self.n_workers) if words.load(P.word(w, P.DONE_SEQ)) != self.seqs[w]]
+        envs = [i for w in late for i in self.slices[w]]
+        at = "".join(f"; worker {w}{where}" for w in late if (where := workers.in_env(w)))
+        stacks = workers.stacks(late)
+        return record(self.status, WorkerTimeoutError(
+            f"{command}: workers {late} (envs {ranges(envs)}{at}) did not answer within {limit:g} s. "
+            + ("Where each was is shown above (faulthandler). " if stacks else "")
+            + "The env may hang; call close() (it terminates them) and build a new vec env."
+        ), stacks)
+
+    def _consumed(self) -> None:
+        if self.status.state is COLLECTING:
+            self.status.enter(CONSUMED)  # a pipe message cannot be read twice
+
+    def read_result(self, w: int, n: int, command: str) -> list:
+        """Worker ``w``'s result message, ``n`` its RESULT_LEN: the mailbox's first ``n`` bytes (the
+        info codec or a pickle, told apart by ``load_result``), or a pickle in the pipe."""
+        if n == P.RESULT_IN_PIPE:
+            self._consumed()
+            return pickle.loads(self.channel.recv_raw(w, command, raw_bytes=True))
+        return load_result(self.views.mailbox[w, :n]) if n else []
+
+    # ---- rare commands ---------------------------------------------------------------------------------
+    def indices(self, indices: Any) -> Any:
+        """SB3's ``VecEnv._get_indices``: None (all), an int, or an iterable of ints."""
+        if indices is None:
+            return range(self.num_envs)
+        if isinstance(indices, int):
+            return [indices]
+        return indices
+
+    def call(self, name: str, indices: Any, args: tuple) -> list[Any]:
+        """Rare command ``name`` (:class:`shmvec._protocol.Call`) on the envs ``indices``; answers in order."""
+        self.check_idle(name)
+        if self.restarts is not None:
+            self.restarts.recover_dead(name)
+        return self.channel.call(name, list(self.indices(indices)), args)
+
+    @property
+    def masks_in_shm(self) -> bool:
+        """Whether action masks are served from shared memory (the ``action_masks`` option)."""
+        layout = getattr(self, "layout", None)  # absent on a half-built engine
+        return layout is not None and layout.mask_size > 0
+
+    def action_masks(self, indices: Any = None) -> np.ndarray:
+        """The envs' current action masks, bool ``(len(indices), mask_size)``, from shared memory.
+
+        :raises ShmVecEnvError: action masks are off for this vec env.
+        """
+        self.status.check_usable()
+        if not self.masks_in_shm:
+            raise ShmVecEnvError(
+                f"action masks are off for this {self.status.public_name} (its envs have no action_masks() "
+                "method, or action_masks=False): call env_method('action_masks') instead."
+            )
+        self.check_idle("action_masks")
+        if not self.masks_live:  # the first ask: the workers write them now, and after every step
+            try:
+                self.call(P.Call.ACTION_MASKS, None, ())
+            except Exception:
+                if self.status.failure is None:  # one worker's envs failed: the others go back to off
+                    self.call(P.Call.ACTION_MASKS_OFF, None, ())
+                raise
+            self.masks_live = True
+        if indices is None:
+            return self.views.mask.copy()
+        return self.views.mask[list(self.indices(indices))]
+
+    # ---- the end ------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stops the workers and frees the shared memory.  Idempotent, bounded in time.
+
+        :raises: the first exception an env's ``close()`` raised, after everything is released.
+        """
+        status = self.status
+        in_flight = status.state in (POSTED, COLLECTING, CONSUMED)
+        if not status.close():
+            return
+        workers = self.workers
+        if workers is None:
+            return
+        # Workers that timed out may be stuck in an env: do not wait for them to answer.
+        polite = not isinstance(status.failure, WorkerTimeoutError)
+        if in_flight and polite:
+            try:
+                self._complete_or_raise("step", deadline_s=CLOSE_JOIN_S)
+            except BaseException:
+                polite = False
+        if self.actions is not None:
+            self.actions.release()
+        self.views = self.obs_view = self.obs_copy = self.term_obs = None  # drop views before unmapping
+        self.obs_leaf = self.term_leaf = self.step_actions = self.actions = None
+        errors = workers.release(polite=polite)
+        self._finalizer.detach()
+        if errors:
+            _, packed = errors[0]
+            raise unpack_exception(packed, "Everything else was released.")
+        if workers.died_in_close:
+            w, code, report = workers.died_in_close[0]
+            sl = self.slices[w]
+            raise caused(WorkerDiedError(
+                f"worker {w} (envs {sl.start}..{sl.stop - 1}) died during close with {describe_exitcode(code)} "
+                "(in an env's close(), most likely" + ("; its Python stack is shown above" if report else "")
+                + "). Everything was released anyway.",
+                worker=w, env_indices=sl, exitcode=code,
+            ), WorkerStacks.of(report, "when it died"))
+
+    def __del__(self) -> None:
+        if not self.status.closed:
+            try:
+                self.close()
+            except Exception:
+                pass

@@ -1,0 +1,363 @@
+"""The worker set: the engine's processes, pipes and shared block, and everything about their lives.
+
+It launches each worker (:func:`shmvec._worker.worker_main`) with its command pipe and its crash
+pipe (:mod:`shmvec._crash`), creates the shared block, notices dead workers through their
+process sentinels (never by hanging), turns a death into a ``WorkerDiedError`` that names the
+env the worker was in and carries its Python stack, and releases everything: politely (CLOSE
+posted on the shared words, then a bounded join), then SIGTERM, then SIGKILL, then the pipes and
+the block.
+
+It holds no reference to the engine, so ``weakref.finalize(engine, workers.release)`` frees
+everything when an engine is dropped without ``close()``; class-level defaults make
+``release()`` safe on a half-built set.  Who marks the engine broken is the caller's business:
+the methods here return errors, they do not record them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import secrets
+import sys
+import time
+import weakref
+from collections.abc import Sequence
+from multiprocessing import resource_tracker
+from multiprocessing.connection import Connection, wait as mp_wait
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+from shmvec import _crash
+from shmvec import _protocol as P
+from shmvec._errors import ShmVecEnvError, WorkerDiedError, WorkerStacks, describe_exitcode
+from shmvec._layout import close_mapping
+from shmvec._options import Options
+from shmvec._core import Words
+from shmvec._worker import worker_main
+
+# Bounds of release(): polite exit, then SIGTERM, then SIGKILL.
+CLOSE_JOIN_S = 5.0
+TERMINATE_JOIN_S = 1.0
+# How long to wait to reap a worker whose sentinel says it is gone (for its exit code).
+DIED_JOIN_S = 1.0
+BROKEN_HINT = "The vec env cannot go on: call close() and build a new one."
+START_HINT = "The vec env was not built, and its workers were stopped: fix the cause and build it again."
+
+_LIVE: "weakref.WeakSet[WorkerSet]" = weakref.WeakSet()
+
+
+def _forget_workers_after_fork() -> None:
+    """In the child of a bare ``os.fork()`` (not multiprocessing's, which starts afresh): the child
+    inherits multiprocessing's set of this process's children, and at its exit multiprocessing
+    terminates those that are daemonic, which are our workers: the parent's next step then met
+    WorkerDiedError (SIGTERM).  They are the parent's, so the child forgets them."""
+    children = getattr(mp.process, "_children", None)
+    if children is None:
+        return
+    for workers in list(_LIVE):
+        for proc in workers.processes:
+            children.discard(proc)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_workers_after_fork)
+
+
+def is_alive(p: Any) -> bool:
+    try:
+        return p.is_alive()
+    except ValueError:  # a Process object closed already (a restart stopped it): not running
+        return False
+
+
+class WorkerSet:
+    """The processes, pipes and shared block of one engine (see the module docstring)."""
+
+    processes: list = []
+    conns: list[Connection] = []
+    crash_conns: list[Connection] = []  # worker w's crash pipe, read end (shmvec._crash)
+    shm: SharedMemory | None = None
+    unlinked: bool = False
+    words: Words | None = None
+    views: Any = None
+    released: bool = False
+    died_in_close: list[tuple[int, int | None, str]] = []  # (worker, exit code, its crash report)
+    ready: frozenset[int] | set[int] = frozenset()  # workers past the handshake (they serve the words)
+    owner_pid: int | None = None  # the process that built them: a forked child never releases them
+    sentinels: dict[int, int] = {}  # process sentinel -> worker
+
+    def __init__(self, options: Options, payloads: list[bytes]) -> None:
+        self.owner_pid = os.getpid()
+        self.options = options
+        self.slices = options.slices
+        self.payloads = payloads  # each worker's pickled factories, kept to restart it
+        self.processes, self.conns, self.crash_conns = [], [], []
+        _LIVE.add(self)
+
+    # ---- launching ------------------------------------------------------------------------------
+    def launch_all(self) -> None:
+        # Started before any worker so that every worker shares it (fork copies its fd), and an
+        # attach in a worker is a no-op for it rather than a tracker of its own.
+        resource_tracker.ensure_running()
+        for w in range(len(self.slices)):
+            self.launch(w)
+        self.refresh_sentinels()
+
+    def launch(self, w: int) -> None:
+        """Starts worker w, or a new one in place of a stopped worker w (a restart), with its
+        command pipe and its crash pipe; ``release()`` covers all three from here on."""
+        opts = self.options
+        ctx = mp.get_context(opts.start_method)
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        crash_reader, crash_writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=worker_main,
+            args=(w, self.slices[w], self.payloads[w], child_conn, crash_writer, os.getpid(), opts.worker_threads,
+                  opts.worker_spin_s),
+            kwargs={"affinity": opts.cpu_sets[w], "autoreset": opts.autoreset},
+            daemon=True,
+            name=f"shmvec-worker-{w}",
+        )
+        if w == len(self.processes):
+            self.conns.append(parent_conn)
+            self.crash_conns.append(crash_reader)
+            self.processes.append(proc)
+        else:
+            self.conns[w], self.crash_conns[w], self.processes[w] = parent_conn, crash_reader, proc
+        try:
+            proc.start()
+        except AssertionError as exc:
+            if "daemonic" not in str(exc):
+                raise
+            raise ShmVecEnvError(
+                "this process is daemonic (a multiprocessing.Pool worker, or a worker of another vec env), and "
+                "multiprocessing lets no daemonic process start processes of its own: build a DummyVecEnv "
+                "there, or start this process with daemon=False."
+            ) from exc
+        finally:
+            child_conn.close()
+            crash_writer.close()
+
+    def refresh_sentinels(self) -> None:
+        self.sentinels = {p.sentinel: w for w, p in enumerate(self.processes)}
+
+    def create_block(self, nbytes: int) -> SharedMemory:
+        """The shared block, its pages reserved now (ENOSPC here, not SIGBUS mid-step)."""
+        self.shm = shm = SharedMemory(name=f"shmvec_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=nbytes)
+        try:
+            os.posix_fallocate(shm._fd, 0, nbytes)
+        except (AttributeError, OSError) as exc:
+            if getattr(exc, "errno", None) == 28:
+                raise ShmVecEnvError(
+                    f"/dev/shm has no room for {nbytes} bytes of buffers; enlarge it "
+                    "(docker: --shm-size) or use fewer envs or smaller observations."
+                ) from exc
+        return shm
+
+    def block_fd(self) -> int:
+        """The block's file descriptor (a restarted worker maps the block from it: its name is unlinked)."""
+        assert self.shm is not None
+        return self.shm._fd
+
+    # ---- who is alive -------------------------------------------------------------------------------
+    def dead(self, workers: Sequence[int] | None = None) -> list[int]:
+        """The workers (of ``workers``, default all) whose process has exited, sorted."""
+        if workers is None:
+            return sorted(self.sentinels[s] for s in mp_wait(list(self.sentinels), timeout=0))
+        ready = set(mp_wait([self.processes[w].sentinel for w in workers], timeout=0))
+        return [w for w in workers if self.processes[w].sentinel in ready]
+
+    def death_hint(self, exitcode: int | None, starting: bool) -> str:
+        """What usually makes a worker die with ``exitcode``."""
+        method = self.options.start_method
+        if exitcode == 1 and starting and method != "fork":
+            main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+            if isinstance(main_file, str) and not os.path.exists(main_file):  # "<stdin>": python - < script.py
+                return (f"Exit code 1 while starting: your main module is {main_file!r}, which a {method} "
+                        "worker re-imports and cannot (its FileNotFoundError is on stderr). Save the script to a "
+                        "file and run that, or use start_method=\"fork\".")
+            return ("Exit code 1 while starting, before the worker could report an error, is an exception raised "
+                    f"while it imported your main module ({method} re-imports it; its traceback is on "
+                    "stderr): most often the code that builds the vec env is not under "
+                    "`if __name__ == \"__main__\":`.")
+        if exitcode == -15:
+            return ("Something sent it SIGTERM: kill, a job scheduler or process manager, or the exit of a "
+                    "process forked from this one by multiprocessing.")
+        return "A native crash (SIGSEGV), the OOM killer (SIGKILL) or os._exit in an env are the usual causes."
+
+    def died(self, w: int, what: str, join_s: float, starting: bool,
+             why: str | None = None) -> tuple[WorkerDiedError, WorkerStacks | None]:
+        """WorkerDiedError for worker w (once reaped, within ``join_s``) and the Python stack
+        faulthandler wrote at a native crash (its ``__cause__``, for the caller to record).
+        ``why``: what usually causes it (default: by its exit code)."""
+        proc = self.processes[w]
+        proc.join(join_s)
+        if why is None:
+            why = self.death_hint(proc.exitcode, starting)
+        report = self.crash_report(w)
+        if report:
+            why += " Its Python stack when it died (faulthandler) is shown above."
+        sl = self.slices[w]
+        err = WorkerDiedError(
+            f"worker {w} (envs {sl.start}..{sl.stop - 1}) {what} with {describe_exitcode(proc.exitcode)}"
+            f"{self.in_env(w)}. {why} " + (START_HINT if starting else BROKEN_HINT),
+            worker=w, env_indices=sl, exitcode=proc.exitcode,
+        )
+        return err, WorkerStacks.of(report, "when it died")
+
+    def env_of(self, w: int) -> int | None:
+        """The env worker w is in by its ENV_AT word (shmvec._protocol: a hint), or None."""
+        if self.words is None:
+            return None
+        try:
+            i = self.words.load(P.word(w, P.ENV_AT))
+        except ValueError:  # released
+            return None
+        return i if i in self.slices[w] else None
+
+    def in_env(self, w: int) -> str:
+        """", in env i" (``env_of``), or ""."""
+        i = self.env_of(w)
+        return "" if i is None else f", in env {i}"
+
+    def stacks(self, workers: Sequence[int]) -> WorkerStacks | None:
+        """The Python stacks of live, stuck workers (shmvec._crash.dump_stacks), or None."""
+        parts = []
+        for w in workers:
+            if w < len(self.crash_conns) and is_alive(self.processes[w]):
+                stacks = _crash.dump_stacks(self.processes[w].pid, self.crash_conns[w])
+                if stacks:
+                    parts.append(f"worker {w}:\n{stacks}" if len(workers) > 1 else stacks)
+        return WorkerStacks.of("\n\n".join(parts), "where it hung")
+
+    def crash_report(self, w: int) -> str:
+        """What dead worker w wrote to its crash pipe (shmvec._crash), or ""."""
+        return _crash.read_report(self.crash_conns[w]) if w < len(self.crash_conns) else ""
+
+    # ---- stopping ---------------------------------------------------------------------------------
+    def post_close(self, w: int, seqs: list[int]) -> None:
+        """CLOSE to worker w on the shared words (``seqs``: the parent's CMD_SEQ counters)."""
+        words = self.words
+        assert words is not None
+        seqs[w] = (seqs[w] + 1) & 0xFFFFFFFF
+        words.store(P.word(w, P.CMD), P.Cmd.CLOSE)
+        words.store(P.word(w, P.CMD_SEQ), seqs[w])
+        words.wake(P.word(w, P.CMD_SEQ))
+
+    def stop(self, w: int, seqs: list[int], join_s: float) -> None:
+        """Stops worker w for a restart: a live one closes its envs (within ``join_s``), then SIGTERM,
+        SIGKILL; its pipes are drained and closed, its process object closed."""
+        proc, conn = self.processes[w], self.conns[w]
+        if proc.is_alive():  # an env raised: let the worker close its envs, then insist
+            self.post_close(w, seqs)
+            proc.join(join_s)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(TERMINATE_JOIN_S)
+            if proc.is_alive():
+                proc.kill()
+        proc.join()
+        try:
+            while conn.poll(0):
+                conn.recv_bytes()  # an error it had sent, or its "closed" message: nobody waits for them
+        except (EOFError, OSError):
+            pass
+        conn.close()
+        self.crash_conns[w].close()
+        proc.close()
+        # A worker killed in its futex wait stays counted as a sleeper: the count starts afresh.
+        assert self.words is not None
+        self.words.store(P.word(w, P.CMD_SLEEPERS), 0)
+
+    def unlink(self) -> None:
+        if self.shm is not None and not self.unlinked:
+            self.unlinked = True
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass
+
+    def release(self, polite: bool = True) -> list[tuple[int, dict]]:
+        """Stops the workers (politely if asked), frees the memory; returns errors env.close() raised.
+
+        Interrupted (Ctrl-C while a worker's env.close() hangs), it still terminates every worker
+        and frees everything before the interrupt goes on: there is no second chance, as a
+        second call returns at once.
+        """
+        if self.released:
+            return []
+        if self.owner_pid is not None and os.getpid() != self.owner_pid:
+            # A forked process (a worker of another vec env) collecting its copy of this object:
+            # the workers and the block are its parent's to stop and free, not its own.  Its copy
+            # of the mapping goes quietly (views of it may still be alive in the same garbage:
+            # SharedMemory.__del__ would print a BufferError).
+            if self.shm is not None:
+                close_mapping(self.shm)
+            return []
+        self.released = True
+        alive = [(w, p) for w, p in enumerate(self.processes) if is_alive(p)]
+        try:
+            if polite:
+                self._ask_to_exit(alive)
+        finally:
+            close_errors = self._free(alive)
+        return close_errors
+
+    def _ask_to_exit(self, alive: list) -> None:
+        words = self.words
+        if words is not None:
+            for w, _ in alive:
+                words.store(P.word(w, P.CMD), P.Cmd.CLOSE)
+                words.fetch_add(P.word(w, P.CMD_SEQ), 1)
+                words.wake(P.word(w, P.CMD_SEQ))
+        for w, _ in alive:
+            if w not in self.ready:  # still in the handshake (interrupted there): tell them on the pipe
+                try:
+                    self.conns[w].send((P.Pipe.ABORT, None))
+                except OSError:
+                    pass
+        deadline = time.monotonic() + CLOSE_JOIN_S
+        for w, p in alive:
+            p.join(max(0.0, deadline - time.monotonic()))
+        # Asked to close, they exited on their own: a non-zero code is a crash in env.close().
+        self.died_in_close = [(w, p.exitcode, self.crash_report(w))
+                              for w, p in alive if not p.is_alive() and p.exitcode != 0]
+
+    def _free(self, alive: list) -> list[tuple[int, dict]]:
+        close_errors: list[tuple[int, dict]] = []
+        for w, p in alive:
+            if p.is_alive():
+                p.terminate()
+                p.join(TERMINATE_JOIN_S)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for w, conn in enumerate(self.conns):
+            try:
+                while conn.poll(0):
+                    data = conn.recv_bytes()
+                    try:
+                        msg = pickle.loads(data)  # an answer nobody read may not unpickle here
+                    except Exception:
+                        continue
+                    if msg[0] == P.Pipe.CLOSED and msg[1] is not None:
+                        close_errors.append((w, msg[1]))
+            except (EOFError, OSError):
+                pass
+            conn.close()
+        for conn in self.crash_conns:
+            conn.close()
+        for p in self.processes:
+            try:
+                p.close()
+            except (ValueError, AttributeError):  # closed already (a restart stopped it)
+                pass
+        if self.words is not None:
+            self.words.release()
+        self.words = None
+        self.views = None
+        if self.shm is not None:
+            self.unlink()
+            close_mapping(self.shm)
+        return close_errors
