@@ -39,7 +39,7 @@ from shmvec import _crash
 from shmvec import _masks
 from shmvec import _protocol as P
 from shmvec._actions import INVALID_ACTIONS, exact_integers, make_action_checks, make_fast_copies, rows_reshaped
-from shmvec._core import Words, copy_actions, current_cpu, load_result, step_infos
+from shmvec._codec import load_result
 from shmvec._errors import (
     AlreadyPendingCallError,
     BrokenVecEnvError,
@@ -59,6 +59,8 @@ from shmvec._errors import (
 )
 from shmvec._layout import Layout, close_mapping, group_by_slice, make_gather, scalar_float_box, split_envs
 from shmvec._recovery import Recovery
+from shmvec._rows import copy_actions, step_infos
+from shmvec._sync import Words, current_cpu
 from shmvec import factories as F
 from shmvec._worker import worker_main
 

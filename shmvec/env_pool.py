@@ -34,9 +34,11 @@ from gymnasium.vector.utils import batch_space
 from shmvec import _pool
 from shmvec import _protocol as P
 from shmvec._actions import exact_integers, rows_reshaped
-from shmvec._core import IndexQueue, copy_actions, load_result, push_in_flight, release_in_flight, send_ids_valid
+from shmvec._codec import load_result
 from shmvec._errors import InvalidActionError, ShmVecEnvError, Uncopyable, WorkerTimeoutError, broken_by
 from shmvec._layout import close_mapping, make_gather
+from shmvec._queue import IndexQueue, push_in_flight, release_in_flight, send_ids_valid
+from shmvec._rows import copy_actions
 from shmvec.shm_vector_env import _Engine, gym_vector_seeds, per_env_values, usable_engine
 
 _CLOSE_S = 5.0

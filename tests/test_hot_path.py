@@ -1,4 +1,4 @@
-"""The C fast paths of the hot loop (``shmvec._core``: RowWriter, copy_actions, step_infos, the info codec).
+"""The C fast paths of the hot loop (``shmvec._rows``: RowWriter, copy_actions, step_infos; ``shmvec._codec``).
 
 Each must write exactly what the Python path it short-cuts writes, and hand everything it does
 not take (another dtype, shape or type, a failed check) back to that path unchanged.  End to end,
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from shmvec import InvalidActionError, ObservationError, _core
+from shmvec import InvalidActionError, ObservationError, _codec, _rows
 from shmvec._actions import make_action_checks, make_fast_copies
-from shmvec._core import (ACTIONS_COPY, ACTIONS_NO_NAN, ACTIONS_RANGE, RowWriter, copy_actions, decode_infos,
-                          encode_infos, load_result, publish_step, step_infos)
+from shmvec._codec import decode_infos, encode_infos, load_result
 from shmvec._layout import Layout, make_scatter
+from shmvec._rows import ACTIONS_COPY, ACTIONS_NO_NAN, ACTIONS_RANGE, RowWriter, copy_actions, publish_step, step_infos
 
 
 class _Recorder:
@@ -300,9 +300,9 @@ def test_publish_step_declines_out_of_range_and_other_buffers():
     assert (rew == -1).all()
 
 
-def test_helpers_are_exported_by_the_one_private_module():
-    assert {"RowWriter", "copy_actions", "step_infos", "publish_step", "encode_infos", "decode_infos",
-            "load_result"} <= set(dir(_core))
+def test_helpers_are_exported_by_their_modules():
+    assert {"RowWriter", "copy_actions", "step_infos", "publish_step"} <= set(dir(_rows))
+    assert {"encode_infos", "decode_infos", "load_result"} <= set(dir(_codec))
 
 
 # ---- the info codec -------------------------------------------------------------------------------
