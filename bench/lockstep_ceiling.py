@@ -12,7 +12,7 @@ slowest process.  This script measures that bound directly, in alternating round
   ``ceiling`` column of ``python -m shmvec.bench``);
 - ``roundtrip``: the same processes driven by this (parent) process through ShmVecEnv's own
   signalling and nothing else: every step the parent posts a sequence number to each process
-  (``shmvec._core.Words``: release store, futex wake of sleepers), each steps its envs, and the
+  (``shmvec._sync.Words``: release store, futex wake of sleepers), each steps its envs, and the
   last to finish wakes the parent (or the first, if it shares the parent's core: the early wake
   of ``shmvec._protocol``), with ShmVecEnv's default spins.  No actions, observations,
   rewards or infos cross: this is the bound of any vec env with a parent in the loop that
@@ -42,7 +42,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 from shmvec import ShmVecEnv
 from shmvec._bench.measures import stop_processes
-from shmvec._core import Words, current_cpu
+from shmvec._sync import Words, current_cpu
 from shmvec._protocol import EARLY_SPIN_S, NO_CPU
 from shmvec.shm_vec_env import DEFAULT_PARENT_SPIN_US, DEFAULT_WORKER_SPIN_US, _cores
 
@@ -59,7 +59,7 @@ def _make_envs(start: int, count: int) -> list:
     return envs
 
 
-# The round trip's words (shmvec._core.Words), after the barrier's slots: the parent's counter of
+# The round trip's words (shmvec._sync.Words), after the barrier's slots: the parent's counter of
 # processes still stepping and its sleepers, the parent's core and the early-wake flag, a stop
 # flag, then each process's sequence number and its sleepers (as shmvec._protocol's PENDING,
 # PARENT_SLEEPERS, PARENT_CPU, EARLY_WAKE, CMD_SEQ and CMD_SLEEPERS).

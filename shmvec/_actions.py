@@ -16,7 +16,7 @@ env indices, and nothing is sent), ``"warn"`` (:class:`InvalidActionWarning`,
 then the actions are sent as they are) or ``"ignore"`` (no check at all).
 
 The usual batch (an ndarray of the leaf's shape and dtype) is checked and copied
-in one C loop (``shmvec._core.copy_actions``, about 0.15 us for 64 envs; the
+in one C loop (``shmvec._rows.copy_actions``, about 0.15 us for 64 envs; the
 arguments per leaf come from :func:`make_fast_copies`).  Anything else, and any
 batch that fails, takes the Python path: one or two numpy reductions over the
 batch (about 2 us for 64 envs), and the indices of the faulty envs are only
@@ -31,8 +31,8 @@ from typing import Any, Callable
 import numpy as np
 from gymnasium import spaces
 
-from shmvec._core import ACTIONS_COPY, ACTIONS_NO_NAN, ACTIONS_RANGE, copy_actions
 from shmvec._errors import InvalidActionError, InvalidActionWarning
+from shmvec._rows import ACTIONS_COPY, ACTIONS_NO_NAN, ACTIONS_RANGE, copy_actions
 
 INVALID_ACTIONS = ("raise", "warn", "ignore")
 
@@ -65,7 +65,7 @@ def make_action_checks(action_space: spaces.Space, paths: list[tuple], policy: s
 
 
 def make_fast_copies(action_space: spaces.Space, paths: list[tuple], policy: str) -> dict[tuple, tuple[int, int, int]]:
-    """Per leaf path, the arguments ``(check, start, size)`` of ``shmvec._core.copy_actions``.
+    """Per leaf path, the arguments ``(check, start, size)`` of ``shmvec._rows.copy_actions``.
 
     ``copy_actions`` copies a batch that needs no conversion and checks it in one C loop (the
     same check as :func:`make_action_checks`'s); a leaf missing here, or a batch it turns down,

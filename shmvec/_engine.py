@@ -40,7 +40,7 @@ from shmvec import _protocol as P
 from shmvec import factories as F
 from shmvec._actions import ActionWriter
 from shmvec._channel import Channel, ranges
-from shmvec._core import current_cpu, load_result
+from shmvec._codec import load_result
 from shmvec._errors import (
     AlreadyPendingCallError,
     ShmVecEnvError,
@@ -56,7 +56,7 @@ from shmvec._layout import Layout, make_gather, scalar_float_box
 from shmvec._options import Options
 from shmvec._restarts import Restarts
 from shmvec._state import COLLECTING, CONSUMED, DONE, IDLE, POSTED, Status, record
-from shmvec._core import Words
+from shmvec._sync import Words, current_cpu
 from shmvec._workers import BROKEN_HINT, CLOSE_JOIN_S, START_HINT, WorkerSet
 
 _ERROR = int(P.Status.ERROR)

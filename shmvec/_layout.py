@@ -19,8 +19,8 @@ from gymnasium import spaces
 
 from shmvec import _protocol as P
 from shmvec._actions import exact_integers
-from shmvec._core import RowWriter
 from shmvec._errors import ObservationError, SpaceError
+from shmvec._rows import RowWriter
 
 if TYPE_CHECKING:
     from multiprocessing.shared_memory import SharedMemory
@@ -247,7 +247,7 @@ def make_scatter(space: spaces.Space, leaves: dict[Path, np.ndarray], what: str,
     Checks the shape of every leaf (numpy would otherwise broadcast silently)
     and that its dtype casts to the buffer's within the same kind; raises
     ObservationError naming the field.  ``at``: ``(words, index)`` of a word that each write
-    of row ``i`` sets to ``i + 1`` (a worker's ENV_AT, see ``shmvec._core.RowWriter``).
+    of row ``i`` sets to ``i + 1`` (a worker's ENV_AT, see ``shmvec._rows.RowWriter``).
     """
     return _scatter(space, (), leaves, what, at)
 

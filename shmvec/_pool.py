@@ -10,7 +10,7 @@ shared-memory segment, laid out by :class:`PoolLayout`::
                     each env of worker w it sent an action to; worker w pops
     info lengths    uint32 (n_envs,): bytes of env i's info message, 0 if none
     info slots      n_envs x info_bytes: env i's info message: the info codec of
-                    shmvec._core (encode_infos), or a pickle when the codec does not
+                    shmvec._codec (encode_infos), or a pickle when the codec does not
                     carry one of its values or the pickle is what fits; the parent
                     tells them apart by the first byte (load_result)
 
@@ -49,8 +49,9 @@ from typing import Any
 import numpy as np
 
 from shmvec import _protocol as P
-from shmvec._core import IndexQueue, QUEUE_MAX_VALUE, encode_infos, queue_bytes, queue_capacity_for
+from shmvec._codec import encode_infos
 from shmvec._layout import ALIGN, Layout, make_gather
+from shmvec._queue import IndexQueue, QUEUE_MAX_VALUE, queue_bytes, queue_capacity_for
 from shmvec._worker import dumps
 
 STOP = QUEUE_MAX_VALUE

@@ -15,7 +15,7 @@ computed identically on both sides by :class:`shmvec._layout.Layout`)::
     truncated       bool (n_envs,)
     mailboxes       n_workers x mailbox_bytes: pickled seeds/options (and a
                     reset mask) going in, non-empty infos coming out (in the
-                    info codec of shmvec._core, first byte INFO_CODEC_MAGIC,
+                    info codec of shmvec._codec, first byte INFO_CODEC_MAGIC,
                     or pickled when the codec does not carry a value)
     action masks    bool (n_envs, mask_size), only with action masks on
                     (shmvec._masks; mask_size travels in the attach message)

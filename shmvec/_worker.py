@@ -23,11 +23,13 @@ import gymnasium as gym
 
 from shmvec import _crash
 from shmvec import _protocol as P
-from shmvec._core import Words, current_cpu, encode_infos, publish_step
+from shmvec._codec import encode_infos
 from shmvec._errors import ShmVecEnvError, SpaceError, pack_exception
 from shmvec._layout import Layout, close_mapping, make_gather, make_scatter
 from shmvec._masks import has_action_masks, write_mask
+from shmvec._rows import publish_step
 from shmvec._segment import FdSegment
+from shmvec._sync import Words, current_cpu
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
                 "VECLIB_MAXIMUM_THREADS")
@@ -308,7 +310,7 @@ class _Worker:
     def _put_result(self, items: list) -> int:
         """Writes the command's non-empty infos into the mailbox; returns RESULT_LEN.
 
-        The info codec first (``shmvec._core.encode_infos``: no pickler; timed in a worker,
+        The info codec first (``shmvec._codec.encode_infos``: no pickler; timed in a worker,
         about 2 us per message against 3 to 6 us for ``pickle.dumps``); a value it does not
         carry, or a message too large for the mailbox, is pickled (the pickle is smaller: its
         memo shares repeated keys), and a pickle too large for the mailbox goes through the pipe.

@@ -33,7 +33,7 @@ from shmvec import _protocol as P
 from shmvec._errors import ShmVecEnvError, WorkerDiedError, WorkerStacks, describe_exitcode
 from shmvec._layout import close_mapping
 from shmvec._options import Options
-from shmvec._core import Words
+from shmvec._sync import Words
 from shmvec._worker import worker_main
 
 # Bounds of release(): polite exit, then SIGTERM, then SIGKILL.

@@ -34,12 +34,14 @@ from gymnasium.vector.utils import batch_space
 from shmvec import _pool
 from shmvec import _protocol as P
 from shmvec._actions import exact_integers, rows_reshaped
-from shmvec._core import IndexQueue, copy_actions, load_result, push_in_flight, release_in_flight, send_ids_valid
+from shmvec._codec import load_result
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
 from shmvec._errors import InvalidActionError, ShmVecEnvError, WorkerTimeoutError
-from shmvec._state import record
 from shmvec._layout import close_mapping, make_gather
+from shmvec._queue import IndexQueue, push_in_flight, release_in_flight, send_ids_valid
+from shmvec._rows import copy_actions
+from shmvec._state import record
 from shmvec.shm_vector_env import gym_engine, gym_vector_seeds, per_env_values, usable_engine
 
 _CLOSE_S = 5.0

@@ -20,7 +20,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices,
 from shmvec import _protocol as P
 from shmvec import factories as F
 from shmvec._copyguard import Uncopyable
-from shmvec._core import copy_actions, step_infos
+from shmvec._rows import copy_actions, step_infos
 from shmvec._engine import Engine
 from shmvec._errors import NoAsyncCallError
 from shmvec._masks import METHOD as MASKS_METHOD

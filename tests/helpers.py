@@ -19,7 +19,7 @@ SHMVEC_ROOT = str(Path(shmvec.__file__).resolve().parents[1])
 def pythonpath(*extra: str | Path) -> str:
     """PYTHONPATH for a subprocess that must import the shmvec these tests import (the checkout
     when installed editable, site-packages when installed from a wheel), then ``extra``.  Not the
-    checkout itself: without an in-place build it has no compiled ``shmvec._core``."""
+    checkout itself: without an in-place build it has no compiled modules (``shmvec._sync``, ...)."""
     parts = [SHMVEC_ROOT, *map(str, extra), os.environ.get("PYTHONPATH", "")]
     return os.pathsep.join(p for p in parts if p)
 

@@ -118,7 +118,7 @@ def _imports(module: str) -> list[tuple[str, int, str | None]]:
 
 
 def _known(name: str) -> str:
-    """``name`` cut back to a module we have (``shmvec._core`` compiled from ``_core.pyx`` is one)."""
+    """``name`` cut back to a module we have (a compiled module is one)."""
     while name not in MODULES and "." in name:
         name = name.rsplit(".", 1)[0]
     return name

@@ -19,7 +19,7 @@ import poolenvs
 import testenvs
 from helpers import POOL_INFO_KEYS, assert_pool_matches_dummy, assert_same, close_all
 from shmvec import BrokenVecEnvError, ShmVecEnvError, WorkerDiedError
-from shmvec._core import INFO_CODEC_MAGIC
+from shmvec._codec import INFO_CODEC_MAGIC
 from shmvec._errors import ClosedVecEnvError
 from shmvec import _pool
 from shmvec.env_pool import ShmEnvPool

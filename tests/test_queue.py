@@ -1,4 +1,4 @@
-"""shmvec._core.IndexQueue (csrc/shmvec_queue.h): the lock-free MPSC index queue, across real processes.
+"""shmvec._queue.IndexQueue (csrc/shmvec_queue.h): the lock-free MPSC index queue, across real processes.
 
 Many producer processes push at once while one consumer pops: no value may be lost or seen twice,
 and what a producer wrote before pushing a value must be visible once the consumer pops it.
@@ -15,15 +15,15 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 import pytest
 
-from shmvec._core import (
+from shmvec._queue import (
     QUEUE_MAX_VALUE,
     IndexQueue,
-    Words,
     push_in_flight,
     queue_bytes,
     queue_capacity_for,
     send_ids_valid,
 )
+from shmvec._sync import Words
 
 CAPACITY = 64
 CREDIT = 8           # values a producer may have outstanding (producers x CREDIT <= CAPACITY)

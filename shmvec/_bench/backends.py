@@ -211,7 +211,7 @@ REGISTRY: dict[str, Backend] = {
                 note="all envs stepped one after the other in this process"),
         Backend("SubprocVecEnv", "SB3", ("stable_baselines3",), _subproc,
                 note="one process per env, pickles through pipes"),
-        Backend("ShmVecEnv", "shmvec", ("shmvec._core",), _shm,
+        Backend("ShmVecEnv", "shmvec", ("shmvec._sync", "shmvec._queue", "shmvec._rows", "shmvec._codec"), _shm,
                 note="workers step slices of envs in shared memory"),
         Backend("SyncVectorEnv", "Gymnasium", ("gymnasium",), _gym_sync,
                 note="all envs stepped one after the other in this process"),

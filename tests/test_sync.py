@@ -1,4 +1,4 @@
-"""shmvec._core.Words: atomics and futex wait/wake on shared words, across real processes."""
+"""shmvec._sync.Words (csrc/shmvec_sync.h): atomics and futex wait/wake on shared words, across real processes."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from multiprocessing.shared_memory import SharedMemory
 import psutil
 import pytest
 
-from shmvec import _core
-from shmvec._core import Words
+from shmvec import _sync
+from shmvec._sync import Words
 
 N_WORDS = 64
 FUTEX = 0  # the word waiters sleep on
@@ -291,9 +291,9 @@ def test_now_ns_is_the_monotonic_clock():
     # The same clock: Python's reading lies between the two of ours, however long this process
     # is preempted between the calls (a fixed tolerance such as 100 ms can be exceeded on a
     # loaded machine).
-    a = _core.now_ns()
+    a = _sync.now_ns()
     b = time.monotonic_ns()
-    c = _core.now_ns()
+    c = _sync.now_ns()
     assert a <= b <= c
 
 
@@ -390,12 +390,12 @@ def test_words_pin_the_shared_memory(block):
 
 
 def test_current_cpu_is_a_core_this_process_may_run_on():
-    cpu = _core.current_cpu()
+    cpu = _sync.current_cpu()
     assert cpu == -1 or cpu in os.sched_getaffinity(0)
     allowed = os.sched_getaffinity(0)
     target = max(allowed)
     try:
         os.sched_setaffinity(0, {target})
-        assert _core.current_cpu() in (target, -1)
+        assert _sync.current_cpu() in (target, -1)
     finally:
         os.sched_setaffinity(0, allowed)
