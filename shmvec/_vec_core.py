@@ -59,7 +59,9 @@ from shmvec._errors import (
 )
 from shmvec._layout import Layout, close_mapping, group_by_slice, make_gather, scalar_float_box, split_envs
 from shmvec._recovery import Recovery
+from shmvec import _describe, _machine, _pickling, _seeds
 from shmvec import factories as F
+from shmvec._machine import default_start_method, usable_cores as _cores  # noqa: F401 - shm_vec_env re-exports them
 from shmvec._worker import worker_main
 
 # SB3's type aliases (stable_baselines3.common.vec_env.base_vec_env), without importing SB3.
@@ -95,11 +97,6 @@ DEFAULT_PARENT_SPIN_US = 1000.0
 _DIED_JOIN_S = 1.0
 
 
-def default_start_method() -> str:
-    """As SB3: forkserver where available (thread-safe, cheap), else spawn."""
-    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-
-
 def _spin_pair(spin_us: Any) -> tuple[float, float]:
     """``spin_us`` as (parent, worker) microseconds: one number for both, or a pair."""
     pair = (spin_us, spin_us) if isinstance(spin_us, numbers.Real) else spin_us
@@ -113,13 +110,6 @@ def _spin_pair(spin_us: Any) -> tuple[float, float]:
         if not isinstance(value, numbers.Real) or isinstance(value, bool) or math.isnan(value):
             raise TypeError(f"spin_us: the {name}'s spin must be a number of microseconds, not {value!r}")
     return float(parent_us), float(worker_us)
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def default_n_workers(n_envs: int) -> int:
@@ -376,13 +366,13 @@ class VecCore(Uncopyable, Recovery):
         if invalid_actions not in INVALID_ACTIONS:
             raise ValueError(f"invalid_actions must be one of {INVALID_ACTIONS}, got {invalid_actions!r}")
         self.invalid_actions = invalid_actions
-        self._cpu_sets = F.cpu_sets(cpu_affinity, n_workers)
+        self._cpu_sets = _machine.cpu_sets(cpu_affinity, n_workers)
         if preload:
             if start_method != "forkserver":
                 raise ValueError(f"preload applies to start_method='forkserver' only, not {start_method!r}")
-            F.set_forkserver_preload(preload)
+            _machine.set_forkserver_preload(preload)
         # Plain-data descriptions of the factories (or why there is none); the factories are not kept.
-        self._descriptions = F.describe_env_fns(env_fns)
+        self._descriptions = _describe.describe_env_fns(env_fns)
         self._seed_arg: Any = None
         self._options_arg: Any = None
         self.n_workers = n_workers
@@ -425,7 +415,7 @@ class VecCore(Uncopyable, Recovery):
     # ---- construction ------------------------------------------------------------------------------
     @staticmethod
     def _pickle_factories(env_fns: list, sl: range) -> bytes:
-        return F.pickle_factories(env_fns, sl)
+        return _pickling.pickle_factories(env_fns, sl)
 
     def _launch(self, w: int) -> None:
         """Starts worker w, or a new one in place of a stopped worker w (``_recovery``), with its
@@ -889,7 +879,7 @@ class VecCore(Uncopyable, Recovery):
         :returns: the per-env seeds.
         :raises ValueError: a list whose length is not ``num_envs``.
         """
-        self._seeds, self._seed_arg = F.per_env_seeds(seed, self.num_envs)
+        self._seeds, self._seed_arg = _seeds.per_env_seeds(seed, self.num_envs)
         return self._seeds
 
     def set_options(self, options: list[dict] | dict | None = None) -> None:
@@ -912,8 +902,8 @@ class VecCore(Uncopyable, Recovery):
         :raises DescriptionError: a factory (a lambda, a closure, something defined in
             ``__main__``) or an option is not plain data; the message names which.
         """
-        return F.describe_vec_env(self._descriptions, self._config, n_envs=self.num_envs, n_workers=self.n_workers,
-                                  start_method=self.start_method, seed=self._seed_arg, options=self._options_arg)
+        return _describe.describe_vec_env(self._descriptions, self._config, n_envs=self.num_envs, n_workers=self.n_workers,
+                                          start_method=self.start_method, seed=self._seed_arg, options=self._options_arg)
 
     @classmethod
     def from_description(cls, description: dict[str, Any], **overrides: Any) -> VecCore:
@@ -926,7 +916,7 @@ class VecCore(Uncopyable, Recovery):
 
         :raises DescriptionError: the description is not one of ours.
         """
-        return F.rebuild(description, cls, **overrides)
+        return _describe.rebuild(description, cls, **overrides)
 
     # ---- internals ------------------------------------------------------------------------------------
     def _check_usable(self) -> None:
