@@ -1,9 +1,11 @@
-"""Pickling for workers: env factories checked once, before any worker starts.
+"""Pickling for workers: env factories checked once, before any worker starts, and values sent back.
 
-:func:`pickle_factories` pickles a worker's slice of ``env_fns`` with cloudpickle (lambdas and
-closures are fine); a factory that cannot be pickled is an :class:`UnpicklableFactoryError`
-naming the path to the offending object (``env_fns[3] -> closure variable 'server' ->
-socket.socket``), found by :func:`find_unpicklable`.
+- :func:`pickle_factories` pickles a worker's slice of ``env_fns`` with cloudpickle (lambdas and
+  closures are fine); a factory that cannot be pickled is an :class:`UnpicklableFactoryError`
+  naming the path to the offending object (``env_fns[3] -> closure variable 'server' ->
+  socket.socket``), found by :func:`find_unpicklable`;
+- :func:`dumps` pickles what workers (and Ray actors) send back: ``pickle``, or cloudpickle for
+  classes of the user's ``__main__``.
 
 Imported by worker processes: nothing heavier than cloudpickle.
 """
@@ -11,6 +13,7 @@ Imported by worker processes: nothing heavier than cloudpickle.
 from __future__ import annotations
 
 import functools
+import pickle
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -19,11 +22,29 @@ import cloudpickle
 
 from shmvec._errors import ShmVecEnvError
 
-__all__ = ["UnpicklableFactoryError", "pickle_factories", "find_unpicklable"]
+__all__ = ["UnpicklableFactoryError", "dumps", "pickle_factories", "find_unpicklable"]
 
 
 class UnpicklableFactoryError(ShmVecEnvError, TypeError):
     """An env factory cannot be pickled to send it to a worker (the message names the offending object)."""
+
+
+def dumps(obj: Any) -> bytes:
+    """``pickle.dumps``, or cloudpickle's for what only it can pickle.
+
+    A class defined in the user's script (``__main__``) reaches spawn and forkserver workers by
+    value, inside the cloudpickled factories; pickle then cannot name it ("not the same object as
+    __main__.X") when a space, an info or an answer holds one.  cloudpickle sends it by value, and
+    the parent's ``pickle.loads`` gets back its own class (cloudpickle tracks the classes it sent).
+    """
+    try:
+        return pickle.dumps(obj, protocol=5)
+    except Exception as exc:
+        try:
+            return cloudpickle.dumps(obj, protocol=5)
+        except Exception as again:  # pickle's error names the first object it met; cloudpickle's the real culprit
+            exc.add_note(f"shmvec: cloudpickle failed too: {type(again).__name__}: {again}")
+            raise exc from None
 
 
 def pickle_factories(env_fns: Sequence[Callable], indices: range) -> bytes:

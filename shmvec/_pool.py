@@ -51,7 +51,7 @@ import numpy as np
 from shmvec import _protocol as P
 from shmvec._core import IndexQueue, QUEUE_MAX_VALUE, encode_infos, queue_bytes, queue_capacity_for
 from shmvec._layout import ALIGN, Layout, make_gather
-from shmvec._worker import dumps
+from shmvec._pickling import dumps
 
 STOP = QUEUE_MAX_VALUE
 ERROR_BIT = 1 << 31

@@ -71,7 +71,7 @@ from shmvec._actions import leaf_check, exact_integers, rows_reshaped
 from shmvec._layout import group_by_slice, split_envs
 from shmvec._errors import user_stacklevel
 from shmvec._protocol import RESTART_INFO_KEY
-from shmvec._worker import dumps as _dumps  # pickle, or cloudpickle for classes of __main__
+from shmvec._pickling import dumps as _dumps  # pickle, or cloudpickle for classes of __main__
 
 __all__ = ["RayShmVecEnv", "RayActorDiedError", "TooManyRestartsError", "WorkerRestartWarning"]
 
