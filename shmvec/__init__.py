@@ -5,6 +5,7 @@ processes import only the light private modules, so the public names are loaded
 lazily here.
 """
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -38,8 +39,6 @@ __all__ = [
     "DescriptionError",
 ]
 
-_FACTORY_NAMES = frozenset({"make_env", "EnvFactory", "rebuild", "set_forkserver_preload", "spawn_seeds",
-                            "UnpicklableFactoryError", "DescriptionError"})
 
 if TYPE_CHECKING:  # pragma: no cover
     from shmvec._errors import (
@@ -58,15 +57,10 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkerRestartWarning,
         WorkerTimeoutError,
     )
-    from shmvec.factories import (
-        DescriptionError,
-        EnvFactory,
-        UnpicklableFactoryError,
-        make_env,
-        rebuild,
-        set_forkserver_preload,
-        spawn_seeds,
-    )
+    from shmvec._machine import set_forkserver_preload
+    from shmvec._pickling import UnpicklableFactoryError
+    from shmvec._seeds import spawn_seeds
+    from shmvec.factories import DescriptionError, EnvFactory, make_env
     from shmvec.shm_vec_env import ShmVecEnv
     from shmvec.shm_vector_env import ShmVectorEnv, make_vec
     from shmvec.env_pool import ShmEnvPool
@@ -90,12 +84,41 @@ def __getattr__(name: str) -> Any:
         from shmvec import vec_env_pool
 
         return getattr(vec_env_pool, name)
-    if name in _FACTORY_NAMES:
+    if name in ("make_env", "EnvFactory", "DescriptionError"):
         from shmvec import factories
 
         return getattr(factories, name)
+    if name == "UnpicklableFactoryError":
+        from shmvec._pickling import UnpicklableFactoryError
+
+        return UnpicklableFactoryError
+    if name == "set_forkserver_preload":
+        from shmvec._machine import set_forkserver_preload
+
+        return set_forkserver_preload
+    if name == "spawn_seeds":
+        from shmvec._seeds import spawn_seeds
+
+        return spawn_seeds
     if name in __all__:
         from shmvec import _errors
 
         return getattr(_errors, name)
     raise AttributeError(f"module 'shmvec' has no attribute {name!r}")
+
+
+def rebuild(description: Mapping[str, Any], cls: Any = None, **overrides: Any) -> Any:
+    """The vec env ``describe()`` described, a :class:`ShmVecEnv` unless ``cls`` is given
+    (``overrides`` replace constructor options).
+
+    ``shmvec.rebuild(json.load(f))`` is ``ShmVecEnv.from_description(json.load(f))``.  Defined
+    here, above the front-ends, so that :func:`shmvec._describe.rebuild` (which takes the class
+    to build) need not know them.
+
+    :raises DescriptionError: ``description`` is not a ShmVecEnv description.
+    """
+    from shmvec import _describe
+
+    if cls is None:
+        from shmvec.shm_vec_env import ShmVecEnv as cls
+    return _describe.rebuild(description, cls, **overrides)

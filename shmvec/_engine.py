@@ -52,8 +52,11 @@ from shmvec._errors import (
     describe_exitcode,
     unpack_exception,
 )
+from shmvec._describe import describe_env_fns
 from shmvec._layout import Layout, make_gather, scalar_float_box
+from shmvec._machine import set_forkserver_preload
 from shmvec._options import Options
+from shmvec._pickling import pickle_factories
 from shmvec._restarts import Restarts
 from shmvec._state import COLLECTING, CONSUMED, DONE, IDLE, POSTED, Status, record
 from shmvec._sync import Words, current_cpu
@@ -86,9 +89,9 @@ class Engine:
         opts, env_fns = Options.build(env_fns, **options)
         self.options = opts
         if opts.preload:
-            F.set_forkserver_preload(opts.preload)
+            set_forkserver_preload(opts.preload)
         # Plain-data descriptions of the factories (or why there is none); the factories are not kept.
-        self.descriptions = F.describe_env_fns(env_fns)
+        self.descriptions = describe_env_fns(env_fns)
         self.slices = opts.slices
         self.n_workers = opts.n_workers
         self.timeout = opts.timeout
@@ -96,7 +99,7 @@ class Engine:
         self.seqs = [0] * opts.n_workers
         self.masks_live = opts.action_masks is True  # workers write masks (None: from the first ask)
         self._batch_dict = batch_dict  # a Dict observation batch: OrderedDict (SB3) or dict (Gymnasium)
-        payloads = [F.pickle_factories(env_fns, sl) for sl in self.slices]
+        payloads = [pickle_factories(env_fns, sl) for sl in self.slices]
         self.workers = workers = WorkerSet(opts, payloads)
         self._finalizer = weakref.finalize(self, workers.release)
         self.channel = Channel(workers, status, self.seqs, max(opts.timeout, START_TIMEOUT_FLOOR_S)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 import numbers
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -25,6 +24,7 @@ from shmvec import _protocol as P
 from shmvec import factories as F
 from shmvec._actions import INVALID_ACTIONS
 from shmvec._layout import split_envs
+from shmvec._machine import cpu_sets, default_start_method, usable_cores
 
 ON_FAILURE = ("raise", "restart")
 # (parent, worker) microseconds of yielding spin before a wait sleeps on the futex; why these
@@ -33,22 +33,9 @@ DEFAULT_WORKER_SPIN_US = 5000.0
 DEFAULT_PARENT_SPIN_US = 1000.0
 
 
-def default_start_method() -> str:
-    """As SB3: forkserver where available (thread-safe, cheap), else spawn."""
-    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-
-
-def cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def default_n_workers(n_envs: int) -> int:
     """No more workers than cores this process may run on, nor than envs."""
-    return max(1, min(n_envs, cores()))
+    return max(1, min(n_envs, usable_cores()))
 
 
 def spin_pair(spin_us: Any) -> tuple[float, float]:
@@ -192,11 +179,11 @@ class Options:
             raise ValueError("on_failure='restart' is supported by ShmVecEnv (the SB3 VecEnv) only")
         if invalid_actions not in INVALID_ACTIONS:
             raise ValueError(f"invalid_actions must be one of {INVALID_ACTIONS}, got {invalid_actions!r}")
-        sets = F.cpu_sets(cpu_affinity, n_workers)
+        sets = cpu_sets(cpu_affinity, n_workers)
         if preload and start_method != "forkserver":
             raise ValueError(f"preload applies to start_method='forkserver' only, not {start_method!r}")
         if spin_us is None:
-            spin_us = (DEFAULT_PARENT_SPIN_US if n_workers < cores() else 0.0, DEFAULT_WORKER_SPIN_US)
+            spin_us = (DEFAULT_PARENT_SPIN_US if n_workers < usable_cores() else 0.0, DEFAULT_WORKER_SPIN_US)
         parent_us, worker_us = spin_pair(spin_us)
         options = cls(
             n_envs=n_envs, n_workers=n_workers, start_method=start_method, copy=copy, worker_threads=worker_threads,

@@ -51,8 +51,8 @@ import numpy as np
 from shmvec import _protocol as P
 from shmvec._codec import encode_infos
 from shmvec._layout import ALIGN, Layout, make_gather
+from shmvec._pickling import dumps
 from shmvec._queue import IndexQueue, QUEUE_MAX_VALUE, queue_bytes, queue_capacity_for
-from shmvec._worker import dumps
 
 STOP = QUEUE_MAX_VALUE
 ERROR_BIT = 1 << 31

@@ -27,6 +27,8 @@ from shmvec._codec import encode_infos
 from shmvec._errors import ShmVecEnvError, SpaceError, pack_exception
 from shmvec._layout import Layout, close_mapping, make_gather, make_scatter
 from shmvec._masks import has_action_masks, write_mask
+from shmvec._pickling import dumps
+from shmvec._pool import PoolServer
 from shmvec._rows import publish_step
 from shmvec._segment import FdSegment
 from shmvec._sync import Words, current_cpu
@@ -87,24 +89,6 @@ def _is_wrapped(env: gym.Env, wrapper_class: type) -> bool:
             return True
         env = env.env
     return False
-
-
-def dumps(obj: Any) -> bytes:
-    """``pickle.dumps``, or cloudpickle's for what only it can pickle.
-
-    A class defined in the user's script (``__main__``) reaches spawn and forkserver workers by
-    value, inside the cloudpickled factories; pickle then cannot name it ("not the same object as
-    __main__.X") when a space, an info or an answer holds one.  cloudpickle sends it by value, and
-    the parent's ``pickle.loads`` gets back its own class (cloudpickle tracks the classes it sent).
-    """
-    try:
-        return pickle.dumps(obj, protocol=5)
-    except Exception as exc:
-        try:
-            return cloudpickle.dumps(obj, protocol=5)
-        except Exception as again:  # pickle's error names the first object it met; cloudpickle's the real culprit
-            exc.add_note(f"shmvec: cloudpickle failed too: {type(again).__name__}: {again}")
-            raise exc from None
 
 
 def _build_envs(env_fns_bytes: bytes, env_range: range, envs: list[gym.Env], at: list[int | None]) -> None:
@@ -506,8 +490,6 @@ class _Worker:
                 self.masks_on = False
                 out.append(None)
             elif name == "pool_attach":  # once per worker: attach the pool's segment (shmvec._pool)
-                from shmvec._pool import PoolServer
-
                 self.pool = PoolServer(self, *args[1:])
                 out.append(None)
             else:

@@ -1,4 +1,4 @@
-"""Env factories that survive ``spawn``, picklability checks, plain-data descriptions and seeds.
+"""Env factories that survive ``spawn``: :func:`make_env`, checks of ``env_fns``, factories as plain data.
 
 :func:`make_env` returns an :class:`EnvFactory`: a small picklable object that builds one env
 when called.  For a registered id it resolves the Gymnasium ``EnvSpec`` in the parent and
@@ -6,17 +6,20 @@ carries it as plain data (the entry point as an import string, kwargs, ``max_epi
 wrappers), so an env registered at run time in the user's script is found in ``spawn`` and
 ``forkserver`` workers, whose fresh interpreters never ran that ``gymnasium.register(...)``.
 
-The rest of the module serves :class:`shmvec.ShmVecEnv`:
+For :class:`shmvec.ShmVecEnv` and the other front-ends:
 
-- :func:`check_factories` and :func:`pickle_factories` validate ``env_fns`` once, before any
-  worker starts: an env instance instead of a factory is a ``TypeError``, and a factory that
-  cannot be pickled is an :class:`UnpicklableFactoryError` naming the path to the offending
-  object (``env_fns[3] -> closure variable 'server' -> socket.socket``);
-- :func:`describe_factory` and :func:`factory_from_description` turn factories into plain
-  (JSON-serializable) data and back: ``ShmVecEnv.describe()`` / ``ShmVecEnv.from_description()``;
-- :func:`per_env_seeds` implements ``ShmVecEnv.seed()`` (an int, a list, or a
-  ``numpy.random.SeedSequence``);
-- :func:`set_forkserver_preload` preloads heavy modules into multiprocessing's forkserver.
+- :func:`check_factories` refuses, before any worker starts, an ``env_fns`` entry that is an env
+  instance or not callable;
+- :func:`describe_factory` and :func:`factory_from_description` turn one factory into plain
+  (JSON-serializable) data and back.  They live beside :class:`EnvFactory`, whose ``to_dict`` is
+  one such description; :mod:`shmvec._describe`, above this module, describes a whole vec env
+  (``ShmVecEnv.describe()`` / ``ShmVecEnv.from_description()``);
+- :func:`explain_construction_error` adds a note to a worker's "env not found" error when the
+  id was registered at run time in the parent.
+
+The names users import from here that live elsewhere are re-exported: picklability checks
+(:mod:`shmvec._pickling`), seeds (:mod:`shmvec._seeds`), the forkserver preload
+(:mod:`shmvec._machine`).  Modules of shmvec import them from where they are defined.
 
 This module is imported by worker processes (to unpickle an :class:`EnvFactory`): it imports
 nothing heavier than Gymnasium and NumPy, never Stable-Baselines3 or torch.
@@ -29,23 +32,20 @@ import dataclasses
 import functools
 import importlib
 import json
-import multiprocessing as mp
-import numbers
-import multiprocessing.forkserver
-import os
 import re
 import sys
 import types
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import cloudpickle
 import gymnasium as gym
-import numpy as np
 from gymnasium.envs.registration import EnvSpec, WrapperSpec
 
 from shmvec._errors import ShmVecEnvError
+# Re-exported for users, who import them from here; modules of shmvec import them from where they are defined.
+from shmvec._machine import set_forkserver_preload  # noqa: F401
+from shmvec._pickling import UnpicklableFactoryError, find_unpicklable, pickle_factories  # noqa: F401
+from shmvec._seeds import per_env_seeds, seed_from_plain, spawn_seeds  # noqa: F401
 
 __all__ = [
     "EnvFactory",
@@ -62,15 +62,10 @@ __all__ = [
     "set_forkserver_preload",
 ]
 
-DESCRIPTION_VERSION = 1
 _SB3_INIT_QUALNAME = "make_vec_env.<locals>.make_env.<locals>._init"
 _SB3_INIT_MODULE = "stable_baselines3.common.env_util"
 _SB3_INIT_FREEVARS = frozenset(
     {"env_id", "env_kwargs", "monitor_dir", "monitor_kwargs", "rank", "seed", "wrapper_class", "wrapper_kwargs"})
-
-
-class UnpicklableFactoryError(ShmVecEnvError, TypeError):
-    """An env factory cannot be pickled to send it to a worker (the message names the offending object)."""
 
 
 class DescriptionError(ShmVecEnvError, ValueError):
@@ -202,7 +197,7 @@ class EnvFactory:
                     "to workers with cloudpickle, but it is not plain data. Register the env with "
                     "entry_point='package.module:ClassName' (defined in an importable module, not in __main__)."
                 )
-            out["spec"] = _jsonable(dict(self.spec), f"spec of {self.env_id!r}")
+            out["spec"] = jsonable(dict(self.spec), f"spec of {self.env_id!r}")
         else:
             if not isinstance(self.entry, str):
                 raise DescriptionError(
@@ -212,8 +207,8 @@ class EnvFactory:
                 )
             out["entry"] = self.entry
         if self.args:
-            out["args"] = _jsonable(list(self.args), "args")
-        out["kwargs"] = _jsonable(dict(self.kwargs), "kwargs")
+            out["args"] = jsonable(list(self.args), "args")
+        out["kwargs"] = jsonable(dict(self.kwargs), "kwargs")
         wrappers = []
         for w in self.wrappers:
             if not isinstance(w.entry, str):
@@ -221,7 +216,7 @@ class EnvFactory:
                     f"the wrapper {w.entry!r} has no import string (a lambda, closure, or something defined in "
                     "__main__): define it at module level in an importable module to describe it as plain data."
                 )
-            wrappers.append({"entry": w.entry, "kwargs": _jsonable(dict(w.kwargs), f"kwargs of wrapper {w.entry}")})
+            wrappers.append({"entry": w.entry, "kwargs": jsonable(dict(w.kwargs), f"kwargs of wrapper {w.entry}")})
         out["wrappers"] = wrappers
         if self.module is not None:
             out["module"] = self.module
@@ -359,110 +354,11 @@ def check_factories(env_fns: Sequence[Any]) -> None:
             )
 
 
-def pickle_factories(env_fns: Sequence[Callable], indices: range) -> bytes:
-    """``cloudpickle.dumps(env_fns[indices])``, or an :class:`UnpicklableFactoryError` naming the culprit."""
-    try:
-        return cloudpickle.dumps(list(env_fns[indices.start:indices.stop]))
-    except Exception:
-        pass
-    for i in indices:
-        try:
-            cloudpickle.dumps(env_fns[i])
-        except Exception as exc:
-            path, culprit_exc = find_unpicklable(env_fns[i], f"env_fns[{i}]")
-            raise UnpicklableFactoryError(
-                f"env_fns[{i}] cannot be pickled to send it to a worker: {' -> '.join(path)} cannot be pickled "
-                f"({type(culprit_exc or exc).__name__}: {culprit_exc or exc}). Build such objects (sockets, locks, "
-                "clients, native handles) inside the env or inside its factory, and pass plain data to the factory "
-                "instead (host and port, a path, a seed)."
-            ) from exc
-    # Each pickles alone but not together (should not happen): let cloudpickle say why.
-    return cloudpickle.dumps(list(env_fns[indices.start:indices.stop]))
-
-
-def _pickle_error(obj: Any) -> BaseException | None:
-    try:
-        cloudpickle.dumps(obj)
-    except RecursionError:
-        return None
-    except Exception as exc:
-        return exc
-    return None
-
-
-def _type_name(obj: Any) -> str:
-    t = type(obj)
-    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
-
-
-def _children(obj: Any) -> list[tuple[str, Any]]:
-    """(label, child) pairs of what pickling ``obj`` would also pickle, as far as we can tell."""
-    out: list[tuple[str, Any]] = []
-    if isinstance(obj, functools.partial):
-        out.append(("partial function", obj.func))
-        out += [(f"partial argument {k}", a) for k, a in enumerate(obj.args)]
-        out += [(f"partial keyword {k!r}", v) for k, v in obj.keywords.items()]
-    elif isinstance(obj, types.MethodType):
-        out.append((f"self of bound method {obj.__func__.__qualname__!r}", obj.__self__))
-    elif isinstance(obj, types.FunctionType):
-        code = obj.__code__
-        for name, cell in zip(code.co_freevars, obj.__closure__ or ()):
-            try:
-                out.append((f"closure variable {name!r}", cell.cell_contents))
-            except ValueError:  # an empty cell
-                continue
-        glob = obj.__globals__
-        for name in code.co_names:
-            if name in glob and not isinstance(glob[name], types.ModuleType):
-                out.append((f"global {name!r}", glob[name]))
-        out += [(f"default argument {k}", d) for k, d in enumerate(obj.__defaults__ or ())]
-        out += [(f"keyword default {k!r}", d) for k, d in (obj.__kwdefaults__ or {}).items()]
-    elif isinstance(obj, Mapping):
-        out += [(f"[{k!r}]", v) for k, v in obj.items()]
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        out += [(f"[{k}]", v) for k, v in enumerate(obj)]
-    else:
-        attrs = getattr(obj, "__dict__", None)
-        if isinstance(attrs, dict):
-            out += [(f"attribute {k!r}", v) for k, v in attrs.items()]
-        for slot in getattr(type(obj), "__slots__", ()) or ():
-            if isinstance(slot, str) and hasattr(obj, slot):
-                out.append((f"attribute {slot!r}", getattr(obj, slot)))
-    return out
-
-
-def find_unpicklable(obj: Any, root: str = "obj", max_depth: int = 6) -> tuple[list[str], BaseException | None]:
-    """The path from ``obj`` to the innermost object that cannot be pickled, and its pickling error.
-
-    Walks closures (``__closure__``/``co_freevars``), globals a function uses, ``functools.partial``
-    arguments, the ``__self__`` of bound methods, containers and object attributes, a few levels
-    deep.  The path ends with the culprit's type: ``["env_fns[3]", "closure variable 'server'",
-    "socket.socket"]``.
-    """
-    path = [root]
-    error = _pickle_error(obj)
-    seen = {id(obj)}
-    for _ in range(max_depth):
-        for label, child in _children(obj):
-            if id(child) in seen:
-                continue
-            child_error = _pickle_error(child)
-            if child_error is not None:
-                seen.add(id(child))
-                path.append(label)
-                obj, error = child, child_error
-                break
-        else:
-            break
-    path.append(_type_name(obj))
-    return path, error
-
-
 # ---------------------------------------------------------------------------------------------
-# Plain-data descriptions
+# One factory as plain data (a whole vec env: shmvec._describe)
 # ---------------------------------------------------------------------------------------------
 
-def _jsonable(value: Any, where: str) -> Any:
+def jsonable(value: Any, where: str) -> Any:
     """``value`` if it survives ``json.dumps`` (tuples become lists on the way back), else DescriptionError."""
     try:
         json.dumps(value, allow_nan=True)
@@ -531,17 +427,17 @@ def describe_factory(fn: Any) -> dict[str, Any]:
                 env_ref,
             "rank": sb3["rank"],
             "seed": sb3["seed"],
-            "env_kwargs": _jsonable(dict(sb3["env_kwargs"] or {}), "env_kwargs"),
+            "env_kwargs": jsonable(dict(sb3["env_kwargs"] or {}), "env_kwargs"),
             "monitor_dir": sb3["monitor_dir"],
-            "monitor_kwargs": _jsonable(dict(sb3["monitor_kwargs"] or {}), "monitor_kwargs"),
+            "monitor_kwargs": jsonable(dict(sb3["monitor_kwargs"] or {}), "monitor_kwargs"),
             "wrapper_class": wrapper_ref,
-            "wrapper_kwargs": _jsonable(dict(sb3["wrapper_kwargs"] or {}), "wrapper_kwargs"),
+            "wrapper_kwargs": jsonable(dict(sb3["wrapper_kwargs"] or {}), "wrapper_kwargs"),
         }
     if isinstance(fn, functools.partial):
         ref = import_string(fn.func)
         if ref is not None:
-            return {"type": "make_env", "entry": ref, "args": _jsonable(list(fn.args), "partial arguments"),
-                    "kwargs": _jsonable(dict(fn.keywords), "partial keywords"), "wrappers": []}
+            return {"type": "make_env", "entry": ref, "args": jsonable(list(fn.args), "partial arguments"),
+                    "kwargs": jsonable(dict(fn.keywords), "partial keywords"), "wrappers": []}
     ref = import_string(fn)
     if ref is not None:
         return {"type": "make_env", "entry": ref, "kwargs": {}, "wrappers": []}
@@ -577,241 +473,9 @@ def factory_from_description(d: Mapping[str, Any]) -> Callable[[], gym.Env]:
     raise DescriptionError(f"unknown factory description type {kind!r} in {dict(d)!r}")
 
 
-def run_length(items: list[Any]) -> list[dict[str, Any]]:
-    """``[a, a, b]`` -> ``[{"repeat": 2, "factory": a}, {"repeat": 1, "factory": b}]``."""
-    out: list[dict[str, Any]] = []
-    for item in items:
-        if out and out[-1]["factory"] == item:
-            out[-1]["repeat"] += 1
-        else:
-            out.append({"repeat": 1, "factory": item})
-    return out
-
-
-def describe_env_fns(env_fns: Sequence[Any]) -> list[dict[str, Any] | DescriptionError]:
-    """Each factory's description, or the DescriptionError saying why it has none (raised later, by describe())."""
-    out: list[dict[str, Any] | DescriptionError] = []
-    for fn in env_fns:
-        try:
-            out.append(describe_factory(fn))
-        except DescriptionError as exc:
-            # A fresh exception: the caught one's traceback would keep the factory (and whatever
-            # its closure holds) alive for as long as the vec env.
-            out.append(DescriptionError(str(exc)))
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
-# Seeds
+# Explaining a worker's construction error
 # ---------------------------------------------------------------------------------------------
-
-def spawn_seeds(seed_seq: np.random.SeedSequence | int, n: int) -> list[int]:
-    """``n`` independent 64-bit seeds derived from ``seed_seq`` as ``SeedSequence.spawn(n)`` would.
-
-    Deterministic and free of side effects: the children are built from the sequence's entropy
-    and spawn key, so calling this twice gives the same seeds (``SeedSequence.spawn`` itself
-    would give new children each time).  Unlike SB3's ``seed + i``, runs with nearby seeds do
-    not share envs' seeds.
-    """
-    if not isinstance(seed_seq, np.random.SeedSequence):
-        seed_seq = np.random.SeedSequence(seed_seq)
-    key = tuple(seed_seq.spawn_key)
-    return [
-        int(np.random.SeedSequence(seed_seq.entropy, spawn_key=key + (i,), pool_size=seed_seq.pool_size)
-            .generate_state(1, np.uint64)[0])
-        for i in range(n)
-    ]
-
-
-def per_env_seeds(seed: Any, n_envs: int) -> tuple[list[int], Any]:
-    """The seeds ``ShmVecEnv.seed(seed)`` gives its envs, and ``seed`` as plain data (for describe()).
-
-    - None: a random int ``s`` is drawn, then as for an int (as SB3 does);
-    - an int ``s``: env i gets ``s + i`` (as SB3 does);
-    - a sequence of ints: one per env (its length must be ``n_envs``);
-    - a ``numpy.random.SeedSequence``: env i gets the i-th of :func:`spawn_seeds`.
-    """
-    if seed is None:
-        seed = int(np.random.randint(0, np.iinfo(np.uint32).max, dtype=np.uint32))
-    if isinstance(seed, np.random.SeedSequence):
-        plain = {"entropy": seed.entropy, "spawn_key": list(seed.spawn_key), "pool_size": seed.pool_size}
-        if not isinstance(seed.entropy, int):
-            plain["entropy"] = [int(x) for x in seed.entropy]
-        return spawn_seeds(seed, n_envs), {"seed_sequence": plain}
-    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-        s = int(seed)
-        return [s + i for i in range(n_envs)], s
-    if isinstance(seed, Sequence) or isinstance(seed, np.ndarray):
-        seeds = list(seed)
-        if len(seeds) != n_envs:
-            raise ValueError(f"seed() got {len(seeds)} seeds for {n_envs} envs: pass one seed per env, or one int")
-        out = []
-        for k, s in enumerate(seeds):
-            if s is not None and (isinstance(s, bool) or not isinstance(s, (int, np.integer))):
-                raise TypeError(f"seed[{k}] is {type(s).__name__}, not an int or None")
-            out.append(None if s is None else int(s))
-        return out, out
-    raise TypeError(f"seed must be None, an int, a list of ints or a numpy.random.SeedSequence, not {type(seed).__name__}")
-
-
-def seed_from_plain(plain: Any) -> Any:
-    """The seed() argument a :func:`per_env_seeds` plain value stands for."""
-    if isinstance(plain, Mapping) and "seed_sequence" in plain:
-        ss = plain["seed_sequence"]
-        return np.random.SeedSequence(ss["entropy"], spawn_key=tuple(ss["spawn_key"]), pool_size=ss["pool_size"])
-    return plain
-
-
-# ---------------------------------------------------------------------------------------------
-# Worker start-up options
-# ---------------------------------------------------------------------------------------------
-
-def cpu_sets(cpu_affinity: Any, n_workers: int) -> list[frozenset[int] | None]:
-    """The cores each worker is pinned to.
-
-    - None/False: no pinning;
-    - True: worker w gets the w-th core (cycling) of those this process may run on;
-    - a sequence: worker w gets entry ``w % len``, an int (one core) or a collection of cores.
-    """
-    if cpu_affinity is None or cpu_affinity is False:
-        return [None] * n_workers
-    if not hasattr(os, "sched_setaffinity"):
-        raise ValueError("cpu_affinity needs os.sched_setaffinity (Linux)")
-    allowed = sorted(os.sched_getaffinity(0))
-    if cpu_affinity is True:
-        return [frozenset({allowed[w % len(allowed)]}) for w in range(n_workers)]
-    usage = "pass True, or a list of one core (or a set of cores) per worker, e.g. cpu_affinity=[0, 1]"
-    if isinstance(cpu_affinity, (str, bytes, numbers.Number)) or not isinstance(cpu_affinity, Iterable):
-        raise TypeError(f"cpu_affinity={cpu_affinity!r}: {usage}")
-    entries = list(cpu_affinity)
-    if not entries:
-        raise ValueError(f"cpu_affinity is an empty list: {usage}")
-
-    def core(c: Any) -> int:
-        if isinstance(c, (bool, np.bool_)) or not isinstance(c, numbers.Integral):
-            raise TypeError(f"cpu_affinity names cores by number, got {c!r}: {usage}")
-        return int(c)
-
-    out = []
-    for w in range(n_workers):
-        entry = entries[w % len(entries)]
-        if isinstance(entry, numbers.Number):
-            cores = frozenset({core(entry)})
-        elif isinstance(entry, (str, bytes)) or not isinstance(entry, Iterable):
-            raise TypeError(f"cpu_affinity entry {entry!r}: {usage}")
-        else:
-            cores = frozenset(core(c) for c in entry)
-        bad = sorted(cores - set(allowed))
-        if not cores or bad:
-            raise ValueError(
-                f"cpu_affinity for worker {w} is {sorted(cores)}; this process may run on cores {allowed} only")
-        out.append(cores)
-    return out
-
-
-def _forkserver_running() -> bool:
-    server = multiprocessing.forkserver._forkserver
-    return getattr(server, "_forkserver_pid", None) is not None
-
-
-def set_forkserver_preload(modules: Iterable[str]) -> bool:
-    """Makes multiprocessing's forkserver import ``modules`` once, so that its children inherit them.
-
-    multiprocessing's forkserver is one process per parent process, started lazily on first use
-    (by any library); modules named here are imported by it when it starts, and every worker
-    forked from it then finds them already imported (``import torch`` costs a worker nothing).
-    ``"__main__"`` is kept in the list, as multiprocessing does by default.
-
-    :returns: True if the forkserver will preload them; False (with a ``RuntimeWarning``) if it is
-        already running without them: it cannot be told to import more.  Call this early, before
-        anything starts a process with the forkserver method.
-    """
-    if isinstance(modules, str):
-        raise TypeError(f"preload takes a list of module names, e.g. [{modules!r}], not a string")
-    modules = list(modules)
-    if not all(isinstance(m, str) for m in modules):
-        raise TypeError("preload takes module names (strings)")
-    server = multiprocessing.forkserver._forkserver
-    current = list(getattr(server, "_preload_modules", ["__main__"]))
-    wanted = current + [m for m in modules if m not in current]
-    if "__main__" not in wanted:
-        wanted.insert(0, "__main__")
-    if _forkserver_running():
-        missing = [m for m in modules if m not in current]
-        if missing:
-            warnings.warn(
-                f"the forkserver is already running without {missing}: preloading has no effect in this process, and "
-                "each worker imports them itself. Call shmvec.set_forkserver_preload(...) (or pass preload= to the "
-                "first ShmVecEnv) before anything starts a process with the forkserver method.",
-                RuntimeWarning, stacklevel=_caller_level(),
-            )
-            return False
-        return True
-    mp.get_context("forkserver").set_forkserver_preload(wanted)
-    return True
-
-
-# ---------------------------------------------------------------------------------------------
-# Rebuilding a described vec env; explaining failures
-# ---------------------------------------------------------------------------------------------
-
-def describe_vec_env(descriptions: Sequence[dict[str, Any] | Exception], config: Mapping[str, Any], *, n_envs: int,
-                     n_workers: int, start_method: str, seed: Any, options: Any) -> dict[str, Any]:
-    """The body of ``ShmVecEnv.describe()``: factories (run-length encoded), options, seeds."""
-    factories = []
-    for i, d in enumerate(descriptions):
-        if isinstance(d, Exception):
-            raise DescriptionError(f"env_fns[{i}] cannot be described as plain data: {d}") from d
-        factories.append(d)
-    plain_options = {}
-    for name, value in config.items():
-        if name == "cpu_affinity" and isinstance(value, (list, tuple)):
-            value = [sorted(v) if isinstance(v, (set, frozenset, tuple, list)) else v for v in value]
-        plain_options[name] = _jsonable(list(value) if isinstance(value, tuple) else value, f"option {name}")
-    return {
-        "shmvec_description": DESCRIPTION_VERSION,
-        "n_envs": n_envs,
-        "env_fns": run_length(factories),
-        "options": plain_options,
-        "n_workers": n_workers,
-        "start_method": start_method,
-        "seed": _jsonable(seed, "seed"),
-        "reset_options": _jsonable(options, "set_options()"),
-    }
-
-
-def rebuild(description: Mapping[str, Any], cls: Any = None, **overrides: Any) -> Any:
-    """The vec env ``ShmVecEnv.describe()`` described (``overrides`` replace constructor options).
-
-    ``shmvec.rebuild(json.load(f))`` is ``ShmVecEnv.from_description(json.load(f))``.
-    """
-    if not isinstance(description, Mapping) or "shmvec_description" not in description:
-        raise DescriptionError("not a ShmVecEnv description (made by ShmVecEnv.describe()): no 'shmvec_description'")
-    if description["shmvec_description"] != DESCRIPTION_VERSION:
-        raise DescriptionError(
-            f"description version {description['shmvec_description']} is not {DESCRIPTION_VERSION}, the one this "
-            "shmvec reads")
-    if cls is None:
-        from shmvec.shm_vec_env import ShmVecEnv as cls
-    env_fns: list[Callable] = []
-    for run in description["env_fns"]:
-        fn = factory_from_description(run["factory"])
-        env_fns += [fn] * int(run["repeat"])
-    if len(env_fns) != description["n_envs"]:
-        raise DescriptionError(f"the description lists {len(env_fns)} factories for n_envs={description['n_envs']}")
-    options = dict(description.get("options") or {})  # spin_us comes back as a list: ShmVecEnv takes it
-    options.update(overrides)
-    vec_env = cls(env_fns, **options)
-    try:
-        if description.get("seed") is not None:
-            vec_env.seed(seed_from_plain(description["seed"]))
-        if description.get("reset_options") is not None:
-            vec_env.set_options(description["reset_options"])
-    except BaseException:
-        vec_env.close()
-        raise
-    return vec_env
-
 
 def explain_construction_error(exc: BaseException, start_method: str) -> None:
     """Adds a note to a worker's "env not found" error when the parent knows the id (registered at run time)."""
@@ -853,13 +517,3 @@ def _asked_for(text: str, spec: gym.envs.registration.EnvSpec) -> bool:
             asked["namespace"] = "None"  # no namespace named: the id has none
         return all(str(getattr(spec, key)) == value for key, value in asked.items())
     return False
-
-
-def _caller_level() -> int:
-    """The ``stacklevel`` of the first frame outside shmvec (for a warning raised here): the
-    user's call, whether through ``ShmVecEnv(preload=...)`` or ``set_forkserver_preload``."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here + os.sep):
-        frame, level = frame.f_back, level + 1
-    return level

@@ -49,6 +49,7 @@ from gymnasium import spaces
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
+from shmvec import _describe, _pickling, _seeds
 from shmvec import factories as F
 from shmvec._errors import (
     AlreadyPendingCallError,
@@ -70,7 +71,7 @@ from shmvec._actions import leaf_check, exact_integers, rows_reshaped
 from shmvec._layout import group_by_slice, split_envs
 from shmvec._errors import user_stacklevel
 from shmvec._protocol import RESTART_INFO_KEY
-from shmvec._worker import dumps as _dumps  # pickle, or cloudpickle for classes of __main__
+from shmvec._pickling import dumps as _dumps  # pickle, or cloudpickle for classes of __main__
 
 __all__ = ["RayShmVecEnv", "RayActorDiedError", "TooManyRestartsError", "WorkerRestartWarning"]
 
@@ -339,7 +340,7 @@ class _RayActorGroup(Uncopyable):
         for k, sl in enumerate(self.slices):
             kwargs = dict(shm_kwargs)
             kwargs.setdefault("n_workers", max(1, min(len(sl), int(cpus[k]) or 1)))
-            self._start_args.append((F.pickle_factories(env_fns, sl), kwargs, pool_args[k]))
+            self._start_args.append((_pickling.pickle_factories(env_fns, sl), kwargs, pool_args[k]))
         self.closed = False
         self._actors = []
         self.actor_info: list[dict[str, Any]] = [{} for _ in range(n_actors)]
@@ -784,7 +785,7 @@ class RayShmVecEnv(_RayActorGroup, VecEnv):
         # step can overwrite the buffers; the driver's concatenation makes arrays of its own.
         shm_kwargs.setdefault("copy", False)
         env_fns = list(env_fns)
-        self._descriptions = F.describe_env_fns(env_fns)
+        self._descriptions = _describe.describe_env_fns(env_fns)
         self._seed_arg: Any = None
         self._options_arg: Any = None
         self._restarted: dict[int, tuple[str, Any, list]] = {}
@@ -803,7 +804,7 @@ class RayShmVecEnv(_RayActorGroup, VecEnv):
         to the envs, not to actors: the same seeds give the same episodes however the envs are
         split.
         """
-        self._seeds, self._seed_arg = F.per_env_seeds(seed, self.num_envs)
+        self._seeds, self._seed_arg = _seeds.per_env_seeds(seed, self.num_envs)
         return self._seeds
 
     def set_options(self, options: list[dict] | dict | None = None) -> None:
@@ -825,7 +826,7 @@ class RayShmVecEnv(_RayActorGroup, VecEnv):
             ``actor_options`` holding objects) is not plain data; the message names which.
         """
         shm = self._config.get("shm_kwargs") or {}
-        description = F.describe_vec_env(
+        description = _describe.describe_vec_env(
             self._descriptions, self._config, n_envs=self.num_envs,
             n_workers=sum(info.get("n_workers", 0) for info in self.actor_info),
             start_method=shm.get("start_method", "forkserver"), seed=self._seed_arg, options=self._options_arg)
@@ -842,7 +843,7 @@ class RayShmVecEnv(_RayActorGroup, VecEnv):
 
         :raises DescriptionError: the description is not one of ours.
         """
-        return F.rebuild(description, cls, **overrides)
+        return _describe.rebuild(description, cls, **overrides)
 
     def reset(self) -> VecEnvObs:
         """Resets every env with the seeds from ``seed()`` and options from ``set_options()`` (used once).

@@ -18,13 +18,14 @@ import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 from shmvec import _protocol as P
-from shmvec import factories as F
 from shmvec._copyguard import Uncopyable
-from shmvec._rows import copy_actions, step_infos
+from shmvec._describe import describe_vec_env, rebuild
 from shmvec._engine import Engine
 from shmvec._errors import NoAsyncCallError
 from shmvec._masks import METHOD as MASKS_METHOD
 from shmvec._options import DEFAULT_PARENT_SPIN_US, DEFAULT_WORKER_SPIN_US  # noqa: F401 - imported from here
+from shmvec._rows import copy_actions, step_infos
+from shmvec._seeds import per_env_seeds
 from shmvec._state import IDLE
 
 __all__ = ["ShmVecEnv"]
@@ -332,7 +333,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         :returns: the per-env seeds.
         :raises ValueError: a list whose length is not ``num_envs``.
         """
-        self._seeds, self._seed_arg = F.per_env_seeds(seed, self.num_envs)
+        self._seeds, self._seed_arg = per_env_seeds(seed, self.num_envs)
         return self._seeds
 
     def set_options(self, options: list[dict] | dict | None = None) -> None:
@@ -350,9 +351,9 @@ class ShmVecEnv(Uncopyable, VecEnv):
             ``__main__``) or an option is not plain data; the message names which.
         """
         engine = self._engine
-        return F.describe_vec_env(engine.descriptions, dict(engine.options.given), n_envs=self.num_envs,
-                                  n_workers=engine.n_workers, start_method=engine.options.start_method,
-                                  seed=self._seed_arg, options=self._options_arg)
+        return describe_vec_env(engine.descriptions, dict(engine.options.given), n_envs=self.num_envs,
+                                n_workers=engine.n_workers, start_method=engine.options.start_method,
+                                seed=self._seed_arg, options=self._options_arg)
 
     @classmethod
     def from_description(cls, description: dict[str, Any], **overrides: Any) -> ShmVecEnv:
@@ -364,7 +365,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
 
         :raises DescriptionError: the description is not one of ours.
         """
-        return F.rebuild(description, cls, **overrides)
+        return rebuild(description, cls, **overrides)
 
     def __del__(self) -> None:
         engine = self._engine

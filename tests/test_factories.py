@@ -26,6 +26,7 @@ from stable_baselines3.common.monitor import Monitor
 import factory_envs
 import testenvs
 from helpers import assert_same, pythonpath
+import shmvec
 from shmvec import ShmVecEnv
 from shmvec.factories import (
     DescriptionError,
@@ -427,6 +428,35 @@ def test_describe_and_rebuild_give_the_same_vec_env():
     finally:
         rebuilt.close()
     assert_same(got, want)
+
+
+def test_shmvec_rebuild_builds_a_shm_vec_env_by_default():
+    """``shmvec.rebuild(d)`` is ``ShmVecEnv.from_description(d)``; ``cls`` picks another class."""
+    env = ShmVecEnv([make_env("factory_envs:FactoryProbe-v0", size=2)] * 2, n_workers=1, start_method="fork")
+    try:
+        env.seed(7)
+        description = json.loads(json.dumps(env.describe()))
+        env.seed(7)
+        want = rollout_no_seed(env, 10)
+    finally:
+        env.close()
+    rebuilt = shmvec.rebuild(description)
+    try:
+        assert type(rebuilt) is ShmVecEnv and rebuilt.num_envs == 2 and rebuilt.n_workers == 1
+        assert_same(rollout_no_seed(rebuilt, 10), want)  # the seed comes from the description
+    finally:
+        rebuilt.close()
+
+    class Probe(ShmVecEnv):
+        pass
+
+    rebuilt = shmvec.rebuild(description, Probe, n_workers=2)
+    try:
+        assert type(rebuilt) is Probe and rebuilt.n_workers == 2
+    finally:
+        rebuilt.close()
+    with pytest.raises(DescriptionError, match="not a ShmVecEnv description"):
+        shmvec.rebuild({"env_fns": []})
 
 
 def rollout_no_seed(env, n_steps: int) -> list:

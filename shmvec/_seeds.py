@@ -1,0 +1,72 @@
+"""Seeds for the envs of a vec env: what ``seed(seed)`` gives each env, and ``seed`` as plain data.
+
+:func:`per_env_seeds` implements ``ShmVecEnv.seed()`` (an int, a list, or a
+``numpy.random.SeedSequence``); :func:`seed_from_plain` reads back the plain value it returns
+(for ``describe()``); :func:`spawn_seeds` derives independent seeds from a ``SeedSequence``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["spawn_seeds", "per_env_seeds", "seed_from_plain"]
+
+
+def spawn_seeds(seed_seq: np.random.SeedSequence | int, n: int) -> list[int]:
+    """``n`` independent 64-bit seeds derived from ``seed_seq`` as ``SeedSequence.spawn(n)`` would.
+
+    Deterministic and free of side effects: the children are built from the sequence's entropy
+    and spawn key, so calling this twice gives the same seeds (``SeedSequence.spawn`` itself
+    would give new children each time).  Unlike SB3's ``seed + i``, runs with nearby seeds do
+    not share envs' seeds.
+    """
+    if not isinstance(seed_seq, np.random.SeedSequence):
+        seed_seq = np.random.SeedSequence(seed_seq)
+    key = tuple(seed_seq.spawn_key)
+    return [
+        int(np.random.SeedSequence(seed_seq.entropy, spawn_key=key + (i,), pool_size=seed_seq.pool_size)
+            .generate_state(1, np.uint64)[0])
+        for i in range(n)
+    ]
+
+
+def per_env_seeds(seed: Any, n_envs: int) -> tuple[list[int], Any]:
+    """The seeds ``ShmVecEnv.seed(seed)`` gives its envs, and ``seed`` as plain data (for describe()).
+
+    - None: a random int ``s`` is drawn, then as for an int (as SB3 does);
+    - an int ``s``: env i gets ``s + i`` (as SB3 does);
+    - a sequence of ints: one per env (its length must be ``n_envs``);
+    - a ``numpy.random.SeedSequence``: env i gets the i-th of :func:`spawn_seeds`.
+    """
+    if seed is None:
+        seed = int(np.random.randint(0, np.iinfo(np.uint32).max, dtype=np.uint32))
+    if isinstance(seed, np.random.SeedSequence):
+        plain = {"entropy": seed.entropy, "spawn_key": list(seed.spawn_key), "pool_size": seed.pool_size}
+        if not isinstance(seed.entropy, int):
+            plain["entropy"] = [int(x) for x in seed.entropy]
+        return spawn_seeds(seed, n_envs), {"seed_sequence": plain}
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        s = int(seed)
+        return [s + i for i in range(n_envs)], s
+    if isinstance(seed, Sequence) or isinstance(seed, np.ndarray):
+        seeds = list(seed)
+        if len(seeds) != n_envs:
+            raise ValueError(f"seed() got {len(seeds)} seeds for {n_envs} envs: pass one seed per env, or one int")
+        out = []
+        for k, s in enumerate(seeds):
+            if s is not None and (isinstance(s, bool) or not isinstance(s, (int, np.integer))):
+                raise TypeError(f"seed[{k}] is {type(s).__name__}, not an int or None")
+            out.append(None if s is None else int(s))
+        return out, out
+    raise TypeError(f"seed must be None, an int, a list of ints or a numpy.random.SeedSequence, not {type(seed).__name__}")
+
+
+def seed_from_plain(plain: Any) -> Any:
+    """The seed() argument a :func:`per_env_seeds` plain value stands for."""
+    if isinstance(plain, Mapping) and "seed_sequence" in plain:
+        ss = plain["seed_sequence"]
+        return np.random.SeedSequence(ss["entropy"], spawn_key=tuple(ss["spawn_key"]), pool_size=ss["pool_size"])
+    return plain
