@@ -44,7 +44,8 @@ from shmvec import ShmVecEnv
 from shmvec._bench.measures import stop_processes
 from shmvec._sync import Words, current_cpu
 from shmvec._protocol import EARLY_SPIN_S, NO_CPU
-from shmvec.shm_vec_env import DEFAULT_PARENT_SPIN_US, DEFAULT_WORKER_SPIN_US, _cores
+from shmvec._machine import usable_cores
+from shmvec._options import DEFAULT_PARENT_SPIN_US, DEFAULT_WORKER_SPIN_US
 
 ENV_ID = "CartPole-v1"
 STOP = -1  # a process's slot in the barrier array once it has stopped
@@ -223,7 +224,7 @@ class Lockstep:
     def _drive(self, seconds: float) -> tuple[int, float]:
         """ShmVecEnv's step_async + step_wait, with nothing to write or read: post, wait for PENDING == 0."""
         words, post = self.words, self._post
-        spin = DEFAULT_PARENT_SPIN_US * 1e-6 if self.k < _cores() else 0.0  # as ShmVecEnv decides
+        spin = DEFAULT_PARENT_SPIN_US * 1e-6 if self.k < usable_cores() else 0.0  # as ShmVecEnv decides
         words.store(STOP_WORD, 0)
         steps, t0 = 0, time.perf_counter()
         end = t0 + seconds

@@ -266,7 +266,7 @@ class _Worker:
             result_len = self._put_result(body())
         except BaseException as exc:  # an env's sys.exit() too: the parent decides what it means
             status, result_len = P.Status.ERROR, 0
-            self.outbox = ("error", pack_exception(exc, env_index=self.current, worker=self.index, command=name))
+            self.outbox = (P.Pipe.ERROR, pack_exception(exc, env_index=self.current, worker=self.index, command=name))
         if self._current is not None:
             self.current = None
         words.store(P.word(self.index, P.STATUS), status)
@@ -295,7 +295,7 @@ class _Worker:
         """Writes the command's non-empty infos into the mailbox; returns RESULT_LEN.
 
         The info codec first (``shmvec._codec.encode_infos``: no pickler; timed in a worker,
-        about 2 us per message against 3 to 6 us for ``pickle.dumps``); a value it does not
+        cheaper than ``pickle.dumps``: docs/design.md); a value it does not
         carry, or a message too large for the mailbox, is pickled (the pickle is smaller: its
         memo shares repeated keys), and a pickle too large for the mailbox goes through the pipe.
         """
@@ -322,7 +322,7 @@ class _Worker:
         start = self.start
         write_obs, write_term = self.write_obs, self.write_term
         rews, terms, truncs, items = [], [], [], []
-        add_rew, add_term, add_trunc = rews.append, terms.append, truncs.append  # 0.07 us/env less
+        add_rew, add_term, add_trunc = rews.append, terms.append, truncs.append
         i = start
         try:
             for i, env, action in zip(range(start, self.stop), self.envs, self.read_actions()):
@@ -446,9 +446,9 @@ class _Worker:
         try:
             name, args = pickle.loads(data)  # an argument that does not unpickle here is the answer
             result = self._run_pipe_command(name, args)
-            self.conn.send_bytes(dumps(("ok", result)))
+            self.conn.send_bytes(dumps((P.Pipe.OK, result)))
         except BaseException as exc:  # an env's sys.exit() too: it is the answer, the worker stays
-            self.conn.send(("error", pack_exception(exc, env_index=self.current, worker=self.index, command=name)))
+            self.conn.send((P.Pipe.ERROR, pack_exception(exc, env_index=self.current, worker=self.index, command=name)))
         self.current = None
 
     def _run_pipe_command(self, name: str, args: tuple) -> Any:
@@ -457,44 +457,44 @@ class _Worker:
         for i in indices:
             self.current = i
             env = self.envs[i - self.start]
-            if name == "get_attr":
+            if name == P.Call.GET_ATTR:
                 out.append(env.get_wrapper_attr(args[1]))
-            elif name == "has_attr":
+            elif name == P.Call.HAS_ATTR:
                 try:
                     env.get_wrapper_attr(args[1])
                     out.append(True)
                 except AttributeError:
                     out.append(False)
-            elif name == "set_attr":
+            elif name == P.Call.SET_ATTR:
                 setattr(env, args[1], args[2])
                 out.append(None)
-            elif name == "env_method":
+            elif name == P.Call.ENV_METHOD:
                 out.append(env.get_wrapper_attr(args[1])(*args[2], **args[3]))
-            elif name == "call":  # Gymnasium's VectorEnv.call: call it if callable, else return it
+            elif name == P.Call.CALL:  # Gymnasium's VectorEnv.call: call it if callable, else return it
                 attr = env.get_wrapper_attr(args[1])
                 out.append(attr(*args[2], **args[3]) if callable(attr) else attr)
-            elif name == "set_wrapper_attr":  # Gymnasium's VectorEnv.set_attr: {env index: value}
+            elif name == P.Call.SET_WRAPPER_ATTR:  # Gymnasium's VectorEnv.set_attr: {env index: value}
                 env.set_wrapper_attr(args[1], args[2][i])
                 out.append(None)
-            elif name == "is_wrapped":
+            elif name == P.Call.IS_WRAPPED:
                 out.append(_is_wrapped(env, args[1]))
-            elif name == "render":
+            elif name == P.Call.RENDER:
                 out.append(env.render())
-            elif name == "action_masks":  # the parent's first ask for masks: now, then after every step
+            elif name == P.Call.ACTION_MASKS:  # the parent's first ask for masks: now, then after every step
                 if not self.masks_on and self.masks is not None:
                     if self.was_reset:
                         self._write_masks(range(self.start, self.stop))  # raises: still off, asked again
                     self.masks_on = True
                 out.append(None)
-            elif name == "action_masks_off":  # the first ask failed in another worker: all stay off
+            elif name == P.Call.ACTION_MASKS_OFF:  # the first ask failed in another worker: all stay off
                 self.masks_on = False
                 out.append(None)
-            elif name == "pool_attach":  # once per worker: attach the pool's segment (shmvec._pool)
+            elif name == P.Call.POOL_ATTACH:  # once per worker: attach the pool's segment (shmvec._pool)
                 self.pool = PoolServer(self, *args[1:])
                 out.append(None)
             else:
                 raise ShmVecEnvError(f"unknown command {name!r}")
-        if self.masks_on and self.was_reset and name in ("set_attr", "env_method"):
+        if self.masks_on and self.was_reset and name in (P.Call.SET_ATTR, P.Call.ENV_METHOD):
             self._write_masks(indices)  # the call may have changed what the envs allow
         return out
 
@@ -601,7 +601,7 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
             _build_envs(env_fns_bytes, env_range, envs, at)
             _cap_threads(threads, after_envs=True)
         except BaseException as exc:  # a factory's sys.exit() too: the parent decides what it means
-            conn.send(("error", pack_exception(exc, env_index=at[0], worker=index, command="env construction")))
+            conn.send((P.Pipe.ERROR, pack_exception(exc, env_index=at[0], worker=index, command="env construction")))
             for env in envs:
                 try:
                     env.close()
@@ -611,32 +611,32 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
         worker = _Worker(index, env_range, envs, conn, parent, spin, autoreset)
         first = envs[0]
         try:
-            hello = dumps(("spaces", (first.observation_space, first.action_space,
+            hello = dumps((P.Pipe.SPACES, (first.observation_space, first.action_space,
                                       getattr(first, "render_mode", None), dict(first.metadata),
                                       all(has_action_masks(env) for env in envs))))
         except Exception as exc:
             exc.add_note("shmvec: the first env's observation_space, action_space, render_mode and metadata "
                          "go to the parent pickled (cloudpickle for lambdas and classes of your script): keep open "
                          "handles (locks, sockets, files) out of them.")
-            conn.send(("error", pack_exception(exc, env_index=env_range.start, worker=index,
+            conn.send((P.Pipe.ERROR, pack_exception(exc, env_index=env_range.start, worker=index,
                                                command="env construction")))
             return
         conn.send_bytes(hello)
         msg = _recv(conn, parent)
         try:
-            if msg[0] == "attach_fd":  # a restart: the block's name is unlinked, its descriptor follows
+            if msg[0] == P.Pipe.ATTACH_FD:  # a restart: the block's name is unlinked, its descriptor follows
                 _wait_readable(conn, parent)
                 worker.attach(None, *msg[1], fd=reduction.recv_handle(conn))
-            elif msg[0] == "attach":
+            elif msg[0] == P.Pipe.ATTACH:
                 worker.attach(*msg[1])
             else:
                 return
         except (EOFError, BrokenPipeError, ConnectionResetError):
             raise
         except Exception as exc:  # answered as such, never taken for "ready"
-            conn.send(("error", pack_exception(exc, env_index=None, worker=index, command="attach")))
+            conn.send((P.Pipe.ERROR, pack_exception(exc, env_index=None, worker=index, command="attach")))
             return
-        conn.send(("ready", None))
+        conn.send((P.Pipe.READY, None))
         worker.serve()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent went away: nothing to report to
@@ -647,7 +647,7 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
             try:
                 packed = None if error is None else pack_exception(
                     error, env_index=worker.current, worker=index, command="close")
-                conn.send(("closed", packed))
+                conn.send((P.Pipe.CLOSED, packed))
             except (OSError, EOFError):
                 pass
         parent.close()
