@@ -107,6 +107,10 @@ class RayShmEnvPool(Uncopyable):
     _group: ActorGroup | None = None
     _recv_refs: list = []
     _sends: list = []
+    # As RayShmVecEnv's attributes of the same names: actors are never restarted in pool mode.
+    on_failure = "raise"
+    max_restarts = None
+    restarts = 0
 
     def __init__(
         self,
