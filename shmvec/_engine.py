@@ -75,7 +75,7 @@ class Engine:
     """
 
     # Class-level defaults: close() is safe on a half-built engine.
-    status = Status("engine")
+    status = Status.__new__(Status)  # CLOSED, with no failure (Status's class-level defaults)
     workers: WorkerSet | None = None
     restarts: Restarts | None = None
     views: Any = None

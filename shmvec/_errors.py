@@ -181,19 +181,6 @@ def caused(exc: BaseException, cause: BaseException | None) -> BaseException:
     return exc
 
 
-def broken_by(vec_env: Any, exc: BaseException, cause: BaseException | None = None) -> BaseException:
-    """Records ``exc`` as what broke ``vec_env`` and returns it, to be raised as ``raise broken_by(self, X(...))``;
-    ``cause``, if given, becomes its ``__cause__`` (as ``raise X from cause``).
-
-    Raised that way, the exception is in no local of the frame that raises it: a local would hold
-    the exception, whose traceback holds the frame (and the vec env), until the garbage collector
-    breaks the cycle.  Where an exception must sit in a local first, the raising code clears the
-    local in a ``finally``.
-    """
-    vec_env._broken = caused(exc, cause)
-    return exc
-
-
 def describe_exitcode(exitcode: int | None) -> str:
     """'exit code 3', 'signal SIGKILL (9)', or 'still running'."""
     if exitcode is None:

@@ -106,7 +106,7 @@ class Status:
     @property
     def failure(self) -> BaseException | None:
         """What broke the engine (a copy without its traceback), or None."""
-        return self._broken
+        return self.__dict__.get("_broken")  # (unset on a half-built object: the class holds the descriptor)
 
     @property
     def closed(self) -> bool:
@@ -125,7 +125,7 @@ class Status:
         """:raises ClosedVecEnvError, BrokenVecEnvError: the engine cannot take a call."""
         if self.state is CLOSED:
             raise ClosedVecEnvError(f"this {self.public_name} is closed; build a new one")
-        broken = self._broken
+        broken = self.failure
         if broken is not None:
             raise BrokenVecEnvError(
                 f"an earlier failure ({type(broken).__name__}: {broken}) left this "
@@ -141,7 +141,7 @@ class Status:
 
     def fail(self, exc: BaseException, first: bool = True) -> None:
         """Records ``exc`` as what broke the engine (only if nothing did before, with ``first``)."""
-        if first and self._broken is not None:
+        if first and self.failure is not None:
             return
         self._broken = exc
         if self.state is not CLOSED and self.state is not STARTING:
@@ -151,7 +151,7 @@ class Status:
 
     def recover(self) -> BaseException | None:
         """Forgets the failure (a restart repaired it); returns what it was."""
-        broken = self._broken
+        broken = self.failure
         self._broken = None
         if self.state is BROKEN:
             self.state = self._before

@@ -140,7 +140,7 @@ def as_read_back(space: spaces.Space, value: Any) -> Any:
 
     Each leaf in the space's dtype, a ``Discrete`` one as ``np.int64``, and a scalar ``Box``
     (shape ``()``) as ``Box.sample()`` gives it: a 0-d array for a float dtype, a numpy scalar
-    for an integer or bool one (README, "Stable-Baselines3 and sb3-contrib").  The identity on
+    for an integer or bool one (docs/sb3.md).  The identity on
     what the space's own ``sample()`` returns.
     """
     if isinstance(space, spaces.Dict):

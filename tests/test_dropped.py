@@ -5,7 +5,7 @@ vec env).  Kept anywhere the vec env reaches (its ``_broken``, which names the f
 later error) or in a local of one of those frames, the exception made a reference cycle: the vec
 env, its worker processes and its shared memory lived on until the garbage collector's next full
 pass, which in a long training run can be minutes away.  ``shmvec._errors.detached`` keeps a copy
-without the traceback, and the raising code holds no exception in a local (``broken_by``).
+without the traceback, and the raising code holds no exception in a local (``shmvec._state.record``).
 
 Each test runs with the collector off: the vec env must go as soon as the last reference does.
 """

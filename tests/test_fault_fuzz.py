@@ -3,7 +3,7 @@
 Each case (one seed) draws the number of envs and workers, the start method, the env that fails,
 how (a native crash: SIGSEGV or SIGABRT; ``os._exit``; SIGKILL; an exception; a hang) and where
 (``step``, ``reset``, or reading an attribute through ``get_attr``), and when.  It then checks
-what the caller gets, against what the README's "Failures" table promises:
+what the caller gets, against what docs/failures.md promises:
 
 - a worker's death: ``WorkerDiedError`` naming the env it was in (``in env <i>``), with the
   worker's Python stack as ``__cause__`` after a fatal signal (``WorkerStacks``) and no cause

@@ -18,10 +18,10 @@ answer is mapped to shmvec's before the comparison.
 
 - ``terminal_observation`` (SB3) and ``infos["final_obs"]`` (Gymnasium) are read back from the
   shared buffer, in the space's dtype, a scalar ``Box`` as ``Box.sample()`` gives it
-  (README, "Stable-Baselines3 and sb3-contrib": "Likewise ``terminal_observation`` is read back
+  (docs/sb3.md: "Likewise ``terminal_observation`` is read back
   ..."); the references hand over the env's own object, which differs where the env returns
   looser types (:func:`fuzzenvs.loosen`).
-- ``TimeLimit.truncated`` is a Python bool rebuilt from the shared flags (README, "Infos");
+- ``TimeLimit.truncated`` is a Python bool rebuilt from the shared flags (docs/sb3.md, "Infos");
   ``DummyVecEnv`` stores ``truncated and not terminated``, an ``np.bool_`` where the env's
   flags are numpy bools.
 - Infos on shmvec's pickle path go through numpy's pickling: an ``np.longlong`` arrives as
