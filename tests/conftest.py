@@ -208,7 +208,7 @@ def pytest_collection_modifyitems(session, config, items):
     ray.shutdown(), and a worker forked from a process with such threads can crash before it
     runs a line of ours (a SIGSEGV in env construction was seen once, in a fork-based test
     that ran after them)."""
-    items.sort(key=lambda item: item.nodeid.startswith("tests/test_ray.py"))
+    items.sort(key=lambda item: item.nodeid.startswith("tests/integration/test_ray.py"))
 
 
 def pytest_configure(config):

@@ -1,4 +1,4 @@
-"""Envs that fail in the ways a real simulator does, for tests/test_faults.py.
+"""Envs that fail in the ways a real simulator does, for tests/faults/test_faults.py.
 
 Module level, so that ``spawn`` and ``forkserver`` workers can import them.  An
 env that must fail only once (so that its restarted copy carries on) leaves a

@@ -14,6 +14,9 @@ import shmvec
 # The directory that holds the shmvec these tests import: the checkout when installed editable,
 # site-packages when installed from a wheel.
 SHMVEC_ROOT = str(Path(shmvec.__file__).resolve().parents[1])
+# tests/ (its importable test envs, for subprocesses and Ray actors) and the checkout above it.
+TESTS_DIR = str(Path(__file__).resolve().parent)
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
 
 
 def pythonpath(*extra: str | Path) -> str:

@@ -32,8 +32,8 @@ answer is mapped to shmvec's before the comparison.
 The default run is a fixed set of cases (seeds ``SHMVEC_FUZZ_SEED`` = 1000 and on), one test each,
 named ``seed<seed>-<face>-<start method>``; the seed alone fixes the case.  Longer runs::
 
-    SHMVEC_FUZZ_CONFIGS=2000 python -m pytest tests/test_fuzz.py -q -x
-    SHMVEC_FUZZ_SEED=50000 SHMVEC_FUZZ_CONFIGS=2000 python -m pytest tests/test_fuzz.py -q -x
+    SHMVEC_FUZZ_CONFIGS=2000 python -m pytest tests/frontends/test_fuzz.py -q -x
+    SHMVEC_FUZZ_SEED=50000 SHMVEC_FUZZ_CONFIGS=2000 python -m pytest tests/frontends/test_fuzz.py -q -x
 
 A failure names its case (seed, spaces, options) and the step; ``SHMVEC_FUZZ_SEED=<seed>
 SHMVEC_FUZZ_CONFIGS=1`` replays that case alone.
@@ -176,7 +176,7 @@ class Lockstep:
 
     def fail(self, message: str, cause: BaseException | None = None) -> NoReturn:
         """Fails naming the case, the step or call, and how to replay the case alone."""
-        replay = f"SHMVEC_FUZZ_SEED={self.case.seed} SHMVEC_FUZZ_CONFIGS=1 python -m pytest tests/test_fuzz.py"
+        replay = f"SHMVEC_FUZZ_SEED={self.case.seed} SHMVEC_FUZZ_CONFIGS=1 python -m pytest tests/frontends/test_fuzz.py"
         raise AssertionError(f"{self.case}\n  at {self.where}: {message}\n  replay: {replay}") from cause
 
     def check(self, what: str, got: Any, want: Any, pickled: bool = False) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import pythonpath
+from helpers import REPO_ROOT, pythonpath
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(REPO_ROOT)
 EXAMPLES = ROOT / "examples"
 HAVE_ATARI = all(importlib.util.find_spec(name) is not None for name in ("ale_py", "cv2"))
 

@@ -23,7 +23,7 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
 import testenvs
-from helpers import SHMVEC_ROOT, assert_same
+from helpers import SHMVEC_ROOT, TESTS_DIR, assert_same
 from shmvec import (
     AlreadyPendingCallError,
     BrokenVecEnvError,
@@ -1070,7 +1070,7 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_workers_exit_when_the_parent_dies(tmp_path, method):
     script = tmp_path / "parent.py"
-    script.write_text(_ORPHAN_SCRIPT.format(tests=os.path.dirname(__file__), root=SHMVEC_ROOT, method=method))
+    script.write_text(_ORPHAN_SCRIPT.format(tests=TESTS_DIR, root=SHMVEC_ROOT, method=method))
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "TMPDIR": str(tmp_path)})  # a killed parent's pymp-* folder
     try:

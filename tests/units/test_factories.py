@@ -25,7 +25,7 @@ from stable_baselines3.common.monitor import Monitor
 
 import factory_envs
 import testenvs
-from helpers import assert_same, pythonpath
+from helpers import TESTS_DIR, assert_same, pythonpath
 import shmvec
 from shmvec import ShmVecEnv
 from shmvec.factories import (
@@ -38,7 +38,7 @@ from shmvec.factories import (
     make_env,
 )
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(TESTS_DIR)
 HEAVY = ("torch", "stable_baselines3")
 
 

@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
+from helpers import REPO_ROOT
 from shmvec import bench
 from shmvec._bench import backends as B
 from shmvec._bench.envs import EnvFactory, check_env_name, obs_nbytes
 from shmvec._bench.measures import ACTION_BATCHES, Ceiling, Stepper, median_ratio, side_by_side, tree_memory
 from shmvec._bench.remote import RemoteBackend, RemoteError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout: bench/ scripts
+ROOT = REPO_ROOT  # the checkout: bench/ scripts
 
 BENCH_ENVS = ["CartPole-v1", "CartPole-monitor", "busy-50us", "image-84x84x4", "image-210x160x3", "CartPole-info",
               "dict-obs", "zero-cost"]

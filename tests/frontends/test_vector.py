@@ -21,7 +21,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers import vector as vw
 
 import testenvs
-from helpers import assert_same, close_all, pythonpath
+from helpers import REPO_ROOT, assert_same, close_all, pythonpath
 from shmvec import ShmVecEnvError, ShmVectorEnv, make_vec
 from shmvec._errors import ClosedVecEnvError
 
@@ -400,7 +400,7 @@ def test_gymnasium_face_finds_render_mode_and_indices_as_sb3_does(render_mode):
 @pytest.mark.timeout(170)
 def test_cleanrl_ppo_example_runs():
     """examples/cleanrl_ppo.py trains on ShmVectorEnv for a few iterations (a real subprocess)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(REPO_ROOT)
     script = root / "examples" / "cleanrl_ppo.py"
     env = dict(os.environ, PYTHONPATH=pythonpath())
     proc = subprocess.run(

@@ -26,7 +26,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 import faultenvs
 import testenvs
-from helpers import SHMVEC_ROOT, assert_same
+from helpers import SHMVEC_ROOT, TESTS_DIR, assert_same
 from shmvec import (
     BrokenVecEnvError,
     InvalidActionError,
@@ -44,7 +44,7 @@ from shmvec._errors import RemoteTraceback, WorkerStacks
 from shmvec._layout import space_leaves
 from shmvec._protocol import RESTART_INFO_KEY
 
-_TESTS = os.path.dirname(os.path.abspath(__file__))
+_TESTS = TESTS_DIR
 N = 4  # envs; two workers of two envs each: worker 1 owns envs 2 and 3
 
 

@@ -14,8 +14,8 @@ what the caller gets, against what docs/failures.md promises:
 The leak check of ``conftest.py`` runs after every case (no process, segment or descriptor
 left).  The default run is a fixed set of cases; longer runs::
 
-    SHMVEC_FAULT_FUZZ_CONFIGS=200 python -m pytest tests/test_fault_fuzz.py -q
-    SHMVEC_FAULT_FUZZ_SEED=5000 SHMVEC_FAULT_FUZZ_CONFIGS=200 python -m pytest tests/test_fault_fuzz.py -q
+    SHMVEC_FAULT_FUZZ_CONFIGS=200 python -m pytest tests/faults/test_fault_fuzz.py -q
+    SHMVEC_FAULT_FUZZ_SEED=5000 SHMVEC_FAULT_FUZZ_CONFIGS=200 python -m pytest tests/faults/test_fault_fuzz.py -q
 """
 
 from __future__ import annotations

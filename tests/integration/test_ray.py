@@ -34,7 +34,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv  # noqa: E402
 import faultenvs  # noqa: E402
 import testenvs  # noqa: E402
 from conftest import leaks_since, take_snapshot  # noqa: E402
-from helpers import assert_pool_matches_dummy, assert_same, close_all  # noqa: E402
+from helpers import TESTS_DIR, assert_pool_matches_dummy, assert_same, close_all  # noqa: E402
 from shmvec import BrokenVecEnvError, ShmVecEnvError, WorkerDiedError, WorkerTimeoutError  # noqa: E402
 from shmvec._errors import ClosedVecEnvError  # noqa: E402
 from gymnasium.vector import AutoresetMode, SyncVectorEnv  # noqa: E402
@@ -51,7 +51,6 @@ from shmvec.ray_pool import RayShmEnvPool, RayShmVecEnvPool  # noqa: E402
 from test_equivalence import _check_coverage, _options, run_lockstep  # noqa: E402
 from test_pool import _row, row_info  # noqa: E402
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 ACTOR_TITLE = "ray::_ShmVecActor"
 LEAK_GRACE_S = 15.0
 
@@ -309,7 +308,7 @@ def test_close_leaves_no_multiprocessing_temp_folder_on_the_nodes(cluster, tmp_p
 
 
 def test_a_broken_ray_vec_env_dropped_without_close_is_freed_at_once(cluster):
-    """As tests/test_dropped.py: no reference cycle through the failure it keeps (GC off)."""
+    """As tests/units/test_dropped.py: no reference cycle through the failure it keeps (GC off)."""
     import gc
     import weakref
 
