@@ -25,7 +25,7 @@ from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
 from shmvec import _protocol as P
-from shmvec._errors import ClosedVecEnvError, WorkerTimeoutError, unpack_exception
+from shmvec._errors import WorkerTimeoutError, unpack_exception
 from shmvec._layout import group_by_slice
 from shmvec._state import Status, record
 from shmvec._workers import BROKEN_HINT, CLOSE_JOIN_S, DIED_JOIN_S, START_HINT, WorkerSet
@@ -60,9 +60,7 @@ class Channel:
     # ---- liveness -----------------------------------------------------------------------------
     def check_alive(self, command: str, workers: Any = None) -> None:
         """Raises WorkerDiedError if a worker (of ``workers``, default all) has died (recorded)."""
-        if self.status.closed:  # by a signal handler that ran in this wait: the processes are gone
-            raise ClosedVecEnvError(
-                f"this {self.status.public_name} was closed during {command} (by a signal handler?)")
+        self.status.check_closing(command)  # closed by a signal handler in this wait, or by another thread
         dead = self.workers.dead(workers)
         if dead:
             # The sentinel is ready once the process has closed its descriptors, which can be a
@@ -95,6 +93,8 @@ class Channel:
                 return
             if ready:
                 self.check_alive(command, [w])
+            else:
+                self.status.check_closing(command)
             if self.timeout is not None and time.monotonic() - since >= self.timeout:
                 sl = workers.slices[w]
                 what = (START_HINT if self.status.starting

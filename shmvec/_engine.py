@@ -25,26 +25,25 @@ killed parent.
 from __future__ import annotations
 
 import collections
+import contextlib
 import pickle
+from threading import get_ident
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from shmvec import _masks
 from shmvec import _protocol as P
-from shmvec import factories as F
 from shmvec._actions import ActionWriter
 from shmvec._channel import Channel, ranges
 from shmvec._codec import load_result
 from shmvec._errors import (
     AlreadyPendingCallError,
     ShmVecEnvError,
-    SpaceError,
     WorkerDiedError,
     WorkerStacks,
     WorkerTimeoutError,
@@ -53,14 +52,14 @@ from shmvec._errors import (
     unpack_exception,
 )
 from shmvec._describe import describe_env_fns
-from shmvec._layout import Layout, make_gather, scalar_float_box
+from shmvec._layout import make_gather, scalar_float_box
 from shmvec._machine import set_forkserver_preload
 from shmvec._options import Options
 from shmvec._pickling import pickle_factories
 from shmvec._restarts import Restarts
 from shmvec._state import COLLECTING, CONSUMED, DONE, IDLE, POSTED, Status, record
-from shmvec._sync import Words, current_cpu
-from shmvec._workers import BROKEN_HINT, CLOSE_JOIN_S, START_HINT, WorkerSet
+from shmvec._sync import current_cpu
+from shmvec._workers import BROKEN_HINT, CLOSE_JOIN_S, WorkerSet
 
 _ERROR = int(P.Status.ERROR)
 _STEP = int(P.Cmd.STEP)
@@ -120,44 +119,16 @@ class Engine:
 
     # ---- start-up -----------------------------------------------------------------------------------
     def _start(self) -> None:
-        workers, channel, n = self.workers, self.channel, self.n_workers
+        workers, n = self.workers, self.n_workers
         assert workers is not None
-        workers.launch_all()
-        # Handshake 1: every worker reports its spaces (no env is ever built here).
-        try:
-            hellos = [channel.recv(w, "env construction", START_HINT) for w in range(n)]
-        except Exception as exc:
-            F.explain_construction_error(exc, self.options.start_method)
-            raise
-        obs_space, act_space, render_mode, metadata, _ = hellos[0]
-        for w, (o, a, *_) in enumerate(hellos[1:], start=1):
-            for name, mine, first in (("observation_space", o, obs_space), ("action_space", a, act_space)):
-                if mine != first:
-                    raise SpaceError(
-                        f"env {self.slices[w].start} has {name} {mine}, env 0 has {first}: "
-                        "all envs of a vec env must share their spaces."
-                    )
-        mask_size = _masks.resolve(self.options.action_masks, all(h[4] for h in hellos), act_space)
-        mailbox_bytes = self.options.mailbox_bytes
-        layout = Layout(obs_space, act_space, self.slices[-1].stop, n, mailbox_bytes, mask_size)
-        shm = workers.create_block(layout.nbytes)
-
-        # Handshake 2: every worker attaches; then the name is unlinked, so no segment outlives us.
-        # The words exist first: a worker that has attached serves them, and only a CLOSE posted
-        # there reaches it if this is interrupted (on the pipe it would wait 5 s for SIGTERM).
-        self.words = workers.words = Words(shm.buf, layout.ctrl_offset, layout.ctrl_words)
-        workers.ready = set()
-        for conn in workers.conns:
-            conn.send((P.Pipe.ATTACH, (shm.name, layout.n_envs, n, mailbox_bytes, mask_size, self.masks_live)))
-        for w in range(n):
-            channel.recv(w, "attach", START_HINT)
-            workers.ready.add(w)
-        workers.unlink()
-
+        layout, metadata = workers.start(self.channel, self.masks_live)
+        obs_space, act_space = layout.observation_space, layout.action_space
+        self.words = workers.words
+        assert workers.shm is not None
         self.layout = layout
         self.num_envs = layout.n_envs
         self.observation_space, self.action_space, self.metadata = obs_space, act_space, metadata
-        views = self.views = workers.views = layout.views(shm.buf)
+        views = self.views = workers.views = layout.views(workers.shm.buf)
         self._cmd_words = [(P.word(w, P.CMD_SEQ), P.word(w, P.CMD), P.word(w, P.CMD_SLEEPERS)) for w in range(n)]
         self._result_words = [(P.word(w, P.STATUS), P.word(w, P.RESULT_LEN)) for w in range(n)]
         self.obs_view = make_gather(obs_space, views.obs, copy=False, top_dict=self._batch_dict)
@@ -251,6 +222,7 @@ class Engine:
         """The front-end has returned the step (or failed building its return): nothing in flight
         (``done_step`` is dropped by the next post)."""
         self.status.enter(IDLE)
+        self.status.poster = None
 
     def drop_step(self) -> None:
         """A step left in flight (a Ctrl-C, or a step_async() without step_wait()): finished, dropped."""
@@ -328,6 +300,7 @@ class Engine:
             all_posted = True
             if code == _STEP:  # here, not in the caller: a Ctrl-C may land as post() returns
                 self.done_step = None
+                self.status.poster = get_ident()
                 self.status.enter(POSTED)
             self._wake_posted(skip)
         except BaseException as exc:
@@ -339,6 +312,7 @@ class Engine:
             if all_posted and code == _STEP and self.status.failure is None:
                 if self.status.state is IDLE:
                     self.done_step = None
+                    self.status.poster = get_ident()
                     self.status.enter(POSTED)
                 self._wake_posted(skip)
             elif posted:
@@ -430,10 +404,20 @@ class Engine:
     def read_result(self, w: int, n: int, command: str) -> list:
         """Worker ``w``'s result message, ``n`` its RESULT_LEN: the mailbox's first ``n`` bytes (the
         info codec or a pickle, told apart by ``load_result``), or a pickle in the pipe."""
-        if n == P.RESULT_IN_PIPE:
-            self._consumed()
-            return pickle.loads(self.channel.recv_raw(w, command, raw_bytes=True))
-        return load_result(self.views.mailbox[w, :n]) if n else []
+        try:
+            if n == P.RESULT_IN_PIPE:
+                self._consumed()
+                return pickle.loads(self.channel.recv_raw(w, command, raw_bytes=True))
+            return load_result(self.views.mailbox[w, :n]) if n else []
+        except Exception as exc:
+            if not isinstance(exc, ShmVecEnvError):  # (a dead worker, a timeout: they say it themselves)
+                sl = self.slices[w]
+                exc.add_note(
+                    f"shmvec: the {command} result of worker {w} (envs {sl.start}..{sl.stop - 1}) was written there "
+                    "but does not load in this process: an info holds an object only the worker can rebuild "
+                    "(a CUDA tensor, a class the worker imported, a lock). Return plain data in infos. "
+                    + BROKEN_HINT)
+            raise
 
     # ---- rare commands ---------------------------------------------------------------------------------
     def indices(self, indices: Any) -> Any:
@@ -453,40 +437,39 @@ class Engine:
 
     @property
     def masks_in_shm(self) -> bool:
-        """Whether action masks are served from shared memory (the ``action_masks`` option)."""
+        """Whether the workers write action masks into shared memory (the ``action_masks`` option)."""
         layout = getattr(self, "layout", None)  # absent on a half-built engine
         return layout is not None and layout.mask_size > 0
-
-    def action_masks(self, indices: Any = None) -> np.ndarray:
-        """The envs' current action masks, bool ``(len(indices), mask_size)``, from shared memory.
-
-        :raises ShmVecEnvError: action masks are off for this vec env.
-        """
-        self.status.check_usable()
-        if not self.masks_in_shm:
-            raise ShmVecEnvError(
-                f"action masks are off for this {self.status.public_name} (its envs have no action_masks() "
-                "method, or action_masks=False): call env_method('action_masks') instead."
-            )
-        self.check_idle("action_masks")
-        if not self.masks_live:  # the first ask: the workers write them now, and after every step
-            try:
-                self.call(P.Call.ACTION_MASKS, None, ())
-            except Exception:
-                if self.status.failure is None:  # one worker's envs failed: the others go back to off
-                    self.call(P.Call.ACTION_MASKS_OFF, None, ())
-                raise
-            self.masks_live = True
-        if indices is None:
-            return self.views.mask.copy()
-        return self.views.mask[list(self.indices(indices))]
 
     # ---- the end ------------------------------------------------------------------------------------------
     def close(self) -> None:
         """Stops the workers and frees the shared memory.  Idempotent, bounded in time.
 
+        From another thread than one waiting on the workers: that thread stops waiting (within
+        ``POLL_S``, with ClosedVecEnvError), then this one takes the lock and closes.
+
         :raises: the first exception an env's ``close()`` raised, after everything is released.
         """
+        if self.status.closed:
+            return
+        with self.closing():
+            self._close()
+
+    @contextlib.contextmanager
+    def closing(self) -> Iterator[None]:
+        """Holds the lock for a close: first tells a thread waiting on the workers to stop waiting."""
+        status = self.status
+        if status.lock is None:  # half-built
+            yield
+            return
+        status.closer = get_ident()
+        try:
+            with status.lock:
+                yield
+        finally:
+            status.closer = None
+
+    def _close(self) -> None:
         status = self.status
         in_flight = status.state in (POSTED, COLLECTING, CONSUMED)
         if not status.close():

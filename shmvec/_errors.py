@@ -62,6 +62,14 @@ class NoAsyncCallError(ShmVecEnvError, _gym_error.NoAsyncCallError):
     name = "step"
 
 
+class ConcurrentCallError(ShmVecEnvError):
+    """A step started in one thread was collected in another."""
+
+
+class ForkedVecEnvError(ShmVecEnvError):
+    """A vec env was used in a child of ``os.fork()``: its workers belong to the parent."""
+
+
 class SpaceError(ShmVecEnvError, TypeError):
     """A space that shmvec cannot place in fixed-size shared memory, or envs whose spaces differ."""
 

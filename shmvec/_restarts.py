@@ -107,6 +107,7 @@ class Restarts:
             if value is not None:
                 pending = value
                 continue
+            e.status.check_closing(command)
             for w in workers.dead():
                 if w in posted and w not in failed:
                     failed[w] = self.death_reason(w)
@@ -249,6 +250,7 @@ class Restarts:
             workers.refresh_sentinels()
             for w in failed:
                 self.handshake(w)
+            workers.note_groups(list(failed))
             for w in failed:
                 channel.recv(w, f"restart of worker {w}", BROKEN_HINT)  # READY
             infos = self.reset_restarted(list(failed), command)

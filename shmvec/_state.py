@@ -33,14 +33,29 @@ States::
   ``BrokenVecEnvError`` naming the failure, except ``close()``.  With ``on_failure="restart"``
   the restart repairs some failures (:meth:`Status.recover`).
 - ``CLOSED``: final.  Every call raises ``ClosedVecEnvError``; ``close()`` returns at once.
+- ``FORKED``: this is a copy in a child of ``os.fork()``: the workers and the block are the
+  parent's.  Every call raises ``ForkedVecEnvError``; ``close()`` drops the child's mapping only.
 
 A step is "in flight" (``waiting``) in POSTED, COLLECTING, CONSUMED and DONE.
+
+Threads.  Every public call of a front-end runs under the engine's lock (:func:`serialized`), so
+calls from several threads are serialized, never interleaved: a second thread's ``step()``
+waits for the first one's, then runs its own.  A step split in two (``step_async`` in one thread,
+``step_wait`` in another) is refused (``ConcurrentCallError``): the waiting thread could collect
+a step that is not its own.  ``close()`` from another thread asks a thread waiting on the workers
+to stop waiting (it raises ``ClosedVecEnvError`` within ``POLL_S``), then takes the lock and
+closes: nothing is released under a thread still reading the block.
 """
 
 from __future__ import annotations
 
 import enum
-from shmvec._errors import BrokenVecEnvError, ClosedVecEnvError, detached
+import functools
+import os
+import threading
+import weakref
+from typing import Any, Callable, TypeVar
+from shmvec._errors import BrokenVecEnvError, ClosedVecEnvError, ConcurrentCallError, ForkedVecEnvError, detached
 
 
 class FirstFailure:
@@ -69,9 +84,10 @@ class State(enum.Enum):
     DONE = "done"
     BROKEN = "broken"
     CLOSED = "closed"
+    FORKED = "forked"
 
 
-STARTING, IDLE, POSTED, COLLECTING, CONSUMED, DONE, BROKEN, CLOSED = State
+STARTING, IDLE, POSTED, COLLECTING, CONSUMED, DONE, BROKEN, CLOSED, FORKED = State
 
 # What each state may become (BROKEN and CLOSED are reached through fail() and close()).
 TRANSITIONS: dict[State, frozenset[State]] = {
@@ -83,6 +99,7 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     DONE: frozenset({IDLE}),
     BROKEN: frozenset(),
     CLOSED: frozenset(),
+    FORKED: frozenset(),
 }
 IN_FLIGHT = frozenset({POSTED, COLLECTING, CONSUMED, DONE})
 
@@ -96,11 +113,18 @@ class Status:
     state = CLOSED
     _broken = FirstFailure()  # the failure, without its traceback (FirstFailure)
     _before: State = IDLE  # the state a failure interrupted (recover() returns to it)
+    closer: int | None = None  # the thread in close(): any other thread waiting on the workers stops
+    poster: int | None = None  # the thread that posted the step in flight
+    pid: int | None = None  # the process that built the engine
+    lock: Any = None
 
     def __init__(self, public_name: str) -> None:
         self._broken = None  # first: read as a plain attribute (FirstFailure)
         self.public_name = public_name
         self.state = STARTING
+        self.pid = os.getpid()
+        self.lock = threading.RLock()  # reentrant: a signal handler's close() runs in the thread holding it
+        _LIVE.add(self)
 
     # ---- reading ------------------------------------------------------------------------------
     @property
@@ -122,9 +146,14 @@ class Status:
         return self.state is STARTING
 
     def check_usable(self) -> None:
-        """:raises ClosedVecEnvError, BrokenVecEnvError: the engine cannot take a call."""
+        """:raises ClosedVecEnvError, BrokenVecEnvError, ForkedVecEnvError: the engine cannot take a call."""
         if self.state is CLOSED:
             raise ClosedVecEnvError(f"this {self.public_name} is closed; build a new one")
+        if self.state is FORKED:
+            raise ForkedVecEnvError(
+                f"this {self.public_name} was built by process {self.pid}, and this is a child of os.fork() "
+                f"(process {os.getpid()}): its workers are the parent's, and a child driving them would leave the "
+                f"parent's next call hanging. Build a new {self.public_name} in the child, or fork before building it.")
         broken = self.failure
         if broken is not None:
             raise BrokenVecEnvError(
@@ -163,6 +192,56 @@ class Status:
             return False
         self.state = CLOSED
         return True
+
+    def check_closing(self, command: str) -> None:
+        """:raises ClosedVecEnvError: the engine was closed while ``command`` waited (by a signal handler
+        in this thread), or another thread is closing it."""
+        if self.state is CLOSED:
+            raise ClosedVecEnvError(f"this {self.public_name} was closed during {command} (by a signal handler?)")
+        closer = self.closer
+        if closer is not None and closer != threading.get_ident():
+            raise ClosedVecEnvError(f"this {self.public_name} was closed by thread {closer} during {command}")
+
+    def check_poster(self, what: str) -> None:
+        """:raises ConcurrentCallError: the step in flight was posted by another thread."""
+        me = threading.get_ident()
+        if self.poster is not None and self.poster != me:
+            raise ConcurrentCallError(
+                f"{what}() in thread {me}, but the step in flight was started by step_async() in thread "
+                f"{self.poster}: collect it in that thread. A {self.public_name} serializes calls from several "
+                "threads, but a step split in two belongs to the thread that started it.")
+
+
+_LIVE: "weakref.WeakSet[Status]" = weakref.WeakSet()
+
+
+def _forked() -> None:
+    """In a child of ``os.fork()``: every engine of the parent is the parent's (state FORKED), and
+    its lock is new (another thread of the parent may have held it at the fork)."""
+    for status in list(_LIVE):
+        status.lock = threading.RLock()
+        if status.state is not CLOSED:
+            status.state = FORKED
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def serialized(method: _F) -> _F:
+    """A front-end's public method, run under its engine's lock (``self._engine.status.lock``)."""
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        engine = self._engine
+        if engine is None:
+            return method(self, *args, **kwargs)
+        with engine.status.lock:
+            return method(self, *args, **kwargs)
+
+    return call  # type: ignore[return-value]
 
 
 def record(status: Status, exc: BaseException, cause: BaseException | None = None) -> BaseException:

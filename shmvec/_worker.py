@@ -589,6 +589,10 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
     the write end of its crash pipe (shmvec._crash)."""
     _crash.install(crash)  # first: a factory's native crash is reported too
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
+    try:  # a process group of its own: the parent ends the env's own children with the worker
+        os.setpgid(0, 0)
+    except OSError:
+        pass
     if affinity:  # before any env (or thread pool) is built: threads inherit the mask
         os.sched_setaffinity(0, affinity)
     _cap_threads(threads, after_envs=False)

@@ -19,6 +19,7 @@ import multiprocessing as mp
 import os
 import pickle
 import secrets
+import signal
 import sys
 import time
 import weakref
@@ -26,15 +27,22 @@ from collections.abc import Sequence
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait as mp_wait
 from multiprocessing.shared_memory import SharedMemory
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from gymnasium import spaces
 
 from shmvec import _crash
 from shmvec import _protocol as P
-from shmvec._errors import ShmVecEnvError, WorkerDiedError, WorkerStacks, describe_exitcode
-from shmvec._layout import close_mapping
+from shmvec._errors import ShmVecEnvError, SpaceError, WorkerDiedError, WorkerStacks, describe_exitcode
+from shmvec._layout import Layout, close_mapping
+from shmvec._masks import resolve as resolve_masks
 from shmvec._options import Options
 from shmvec._sync import Words
 from shmvec._worker import worker_main
+from shmvec.factories import explain_construction_error
+
+if TYPE_CHECKING:  # the channel is built over a worker set: no import of it at run time
+    from shmvec._channel import Channel
 
 # Bounds of release(): polite exit, then SIGTERM, then SIGKILL.
 CLOSE_JOIN_S = 5.0
@@ -86,6 +94,7 @@ class WorkerSet:
     ready: frozenset[int] | set[int] = frozenset()  # workers past the handshake (they serve the words)
     owner_pid: int | None = None  # the process that built them: a forked child never releases them
     sentinels: dict[int, int] = {}  # process sentinel -> worker
+    groups: dict[int, int] = {}  # worker -> its process group (its pid), once seen to lead one
 
     def __init__(self, options: Options, payloads: list[bytes]) -> None:
         self.owner_pid = os.getpid()
@@ -93,6 +102,7 @@ class WorkerSet:
         self.slices = options.slices
         self.payloads = payloads  # each worker's pickled factories, kept to restart it
         self.processes, self.conns, self.crash_conns = [], [], []
+        self.groups = {}
         _LIVE.add(self)
 
     # ---- launching ------------------------------------------------------------------------------
@@ -138,6 +148,69 @@ class WorkerSet:
         finally:
             child_conn.close()
             crash_writer.close()
+
+    def note_groups(self, workers: Sequence[int]) -> None:
+        """Records the process group of each of ``workers`` that leads its own (they set it first
+        thing): the group that :meth:`end_group` ends, env children included."""
+        for w in workers:
+            pid = self.processes[w].pid
+            try:
+                if os.getpgid(pid) == pid:
+                    self.groups[w] = pid
+            except OSError:  # gone already
+                pass
+
+    def end_group(self, w: int) -> None:
+        """SIGKILL to what is left of worker w's process group (its env's own children), once the
+        worker has exited; a child that left the group on purpose is out of reach."""
+        pgid = self.groups.pop(w, None)
+        if pgid is not None:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except OSError:  # nobody left in it
+                pass
+
+    def start(self, channel: Channel, masks_live: bool) -> tuple[Layout, dict]:
+        """Launches every worker and runs the two handshakes; returns the block's layout and the
+        envs' metadata.  ``channel``: the engine's pipes (their waits are bounded)."""
+        opts, n = self.options, len(self.slices)
+        self.launch_all()
+        # Handshake 1: every worker reports its spaces (no env is ever built in the parent).
+        try:
+            hellos = [channel.recv(w, "env construction", START_HINT) for w in range(n)]
+        except Exception as exc:
+            explain_construction_error(exc, opts.start_method)
+            raise
+        for w, (o, a, *_) in enumerate(hellos):
+            for name, space in (("observation_space", o), ("action_space", a)):
+                if not isinstance(space, spaces.Space):
+                    raise SpaceError(
+                        f"env {self.slices[w].start}'s {name} is {space!r} ({type(space).__name__}), not a "
+                        f"gymnasium.spaces.Space: set self.{name} in the env's __init__ (or in a wrapper).")
+        obs_space, act_space, _, metadata, _ = hellos[0]
+        for w, (o, a, *_) in enumerate(hellos[1:], start=1):
+            for name, mine, first in (("observation_space", o, obs_space), ("action_space", a, act_space)):
+                if mine != first:
+                    raise SpaceError(
+                        f"env {self.slices[w].start} has {name} {mine}, env 0 has {first}: "
+                        "all envs of a vec env must share their spaces."
+                    )
+        mask_size = resolve_masks(opts.action_masks, all(h[4] for h in hellos), act_space)
+        layout = Layout(obs_space, act_space, self.slices[-1].stop, n, opts.mailbox_bytes, mask_size)
+        shm = self.create_block(layout.nbytes)
+        # Handshake 2: every worker attaches; then the name is unlinked, so no segment outlives us.
+        # The words exist first: a worker that has attached serves them, and only a CLOSE posted
+        # there reaches it if this is interrupted (on the pipe it would wait 5 s for SIGTERM).
+        self.words = Words(shm.buf, layout.ctrl_offset, layout.ctrl_words)
+        self.ready = set()
+        for conn in self.conns:
+            conn.send((P.Pipe.ATTACH, (shm.name, layout.n_envs, n, opts.mailbox_bytes, mask_size, masks_live)))
+        self.note_groups(range(n))
+        for w in range(n):
+            channel.recv(w, "attach", START_HINT)
+            self.ready.add(w)
+        self.unlink()
+        return layout, metadata
 
     def refresh_sentinels(self) -> None:
         self.sentinels = {p.sentinel: w for w, p in enumerate(self.processes)}
@@ -193,6 +266,8 @@ class WorkerSet:
         ``why``: what usually causes it (default: by its exit code)."""
         proc = self.processes[w]
         proc.join(join_s)
+        if proc.exitcode is not None:
+            self.end_group(w)
         if why is None:
             why = self.death_hint(proc.exitcode, starting)
         report = self.crash_report(w)
@@ -258,6 +333,7 @@ class WorkerSet:
             if proc.is_alive():
                 proc.kill()
         proc.join()
+        self.end_group(w)
         try:
             while conn.poll(0):
                 conn.recv_bytes()  # an error it had sent, or its "closed" message: nobody waits for them
@@ -333,6 +409,8 @@ class WorkerSet:
             if p.is_alive():
                 p.kill()
                 p.join()
+        for w in list(self.groups):
+            self.end_group(w)
         for w, conn in enumerate(self.conns):
             try:
                 while conn.poll(0):

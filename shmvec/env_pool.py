@@ -41,7 +41,7 @@ from shmvec._errors import InvalidActionError, ShmVecEnvError, WorkerTimeoutErro
 from shmvec._layout import close_mapping, make_gather
 from shmvec._queue import IndexQueue, push_in_flight, release_in_flight, send_ids_valid
 from shmvec._rows import copy_actions
-from shmvec._state import record
+from shmvec._state import record, serialized
 from shmvec.shm_vector_env import gym_engine, gym_vector_seeds, per_env_values, usable_engine
 
 _CLOSE_S = 5.0
@@ -152,6 +152,7 @@ class ShmEnvPool(Uncopyable):
     _out_q: IndexQueue | None = None
     _in_qs: list = []
     closed = True
+    _alive_at = 0.0  # when recv() last checked that the workers are alive
 
     def __init__(
         self,
@@ -229,6 +230,7 @@ class ShmEnvPool(Uncopyable):
         self._term_obs = engine.term_obs
 
     # ---- the pool ---------------------------------------------------------------------------------------
+    @serialized
     def async_reset(self, seed: int | list[int | None] | None = None,
                     options: dict[str, Any] | list[dict[str, Any] | None] | None = None) -> None:
         """Resets every env (all in flight afterwards); ``recv`` returns them ``batch_size`` at a time.
@@ -278,6 +280,7 @@ class ShmEnvPool(Uncopyable):
         obs, _, _, _, infos = self.recv()
         return obs, infos
 
+    @serialized
     def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
         """Starts stepping env ``env_ids[k]`` with ``actions[k]``; returns at once.
 
@@ -293,6 +296,7 @@ class ShmEnvPool(Uncopyable):
         # Marked and pushed in one C call: a Ctrl-C lands before (nothing sent) or after (all sent).
         push_in_flight(self._in_qs, self._in_flight_u8, ids, self._owner, self._starts_i64)
 
+    @serialized
     def recv(self):
         """Waits for the next ``batch_size`` envs to finish; returns (obs, rewards, terminated, truncated, infos).
 
@@ -312,6 +316,12 @@ class ShmEnvPool(Uncopyable):
         """``recv()``'s batch, its envs still in flight until ``_release_received()``: called
         again before that (a Ctrl-C landed as it returned), it returns the same batch."""
         engine = self._usable()
+        now = time.monotonic()
+        if now - self._alive_at >= P.POLL_S:
+            # Every POLL_S at most, not only when a wait comes back empty: other workers that keep
+            # the pool fed must not hide a dead one (its envs would stay in flight for ever).
+            self._alive_at = now
+            engine.channel.check_alive("pool recv")
         n = self.batch_size
         in_flight = int(self._in_flight.sum())
         if in_flight < n:
@@ -361,6 +371,7 @@ class ShmEnvPool(Uncopyable):
         return self.recv()
 
     # ---- rare calls (the pool stops meanwhile; whatever is in flight completes first) ------------------
+    @serialized
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method ``name`` of every env (or returns the attribute if it is not callable)."""
         return self._paused_call(P.Call.CALL, (name, args, kwargs))
@@ -368,15 +379,30 @@ class ShmEnvPool(Uncopyable):
     def get_attr(self, name: str) -> tuple[Any, ...]:
         return self.call(name)
 
+    @serialized
     def set_attr(self, name: str, values: Any) -> None:
         """One value per env (a list or tuple of ``num_envs``), or the same value for all."""
         self._paused_call(P.Call.SET_WRAPPER_ATTR, (name, per_env_values(values, self.num_envs)))
 
+    @serialized
     def render(self) -> tuple[Any, ...]:
         return self._paused_call(P.Call.RENDER, ())
 
     def close(self) -> None:
-        """Stops the pool and the workers, frees both shared-memory segments.  Idempotent."""
+        """Stops the pool and the workers, frees both shared-memory segments.  Idempotent.
+
+        From another thread: a thread waiting in ``recv()`` stops (ClosedVecEnvError), then this closes.
+        """
+        if self.closed:
+            return
+        engine = self._engine
+        if engine is None:
+            self._close()
+            return
+        with engine.closing():
+            self._close()
+
+    def _close(self) -> None:
         if self.closed:
             return
         self.closed = True

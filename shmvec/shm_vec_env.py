@@ -21,12 +21,11 @@ from shmvec import _protocol as P
 from shmvec._copyguard import Uncopyable
 from shmvec._describe import describe_vec_env, rebuild
 from shmvec._engine import Engine
-from shmvec._errors import NoAsyncCallError
+from shmvec._errors import NoAsyncCallError, ShmVecEnvError
 from shmvec._masks import METHOD as MASKS_METHOD
-from shmvec._options import DEFAULT_PARENT_SPIN_US, DEFAULT_WORKER_SPIN_US  # noqa: F401 - imported from here
 from shmvec._rows import copy_actions, step_infos
 from shmvec._seeds import per_env_seeds
-from shmvec._state import IDLE
+from shmvec._state import IDLE, serialized
 
 __all__ = ["ShmVecEnv"]
 
@@ -174,6 +173,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         return self._engine is not None and self._engine.status.waiting
 
     # ---- SB3 VecEnv API -----------------------------------------------------------------------------
+    @serialized
     def reset(self) -> VecEnvObs:
         """Resets every env with the seeds from ``seed()`` and options from ``set_options()`` (used once).
 
@@ -192,6 +192,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         obs = engine.obs_copy(slice(None)) if engine.options.copy else engine.obs_view(slice(None))
         return engine.restarts.remember(obs) if engine.restarts is not None else obs
 
+    @serialized
     def step_async(self, actions: np.ndarray) -> None:
         """Writes ``actions`` into shared memory and starts every worker.
 
@@ -201,6 +202,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         """
         self._engine.post_step(actions)
 
+    @serialized
     def step_wait(self) -> VecEnvStepReturn:
         """Waits for the step started by ``step_async`` and returns (obs, rewards, dones, infos).
 
@@ -214,17 +216,19 @@ class ShmVecEnv(Uncopyable, VecEnv):
         engine.check_usable()
         if not engine.status.waiting:
             raise NoAsyncCallError("step_wait() without a preceding step_async()")
+        engine.status.check_poster("step_wait")
         return self._finish_step()
 
     def step(self, actions: np.ndarray) -> VecEnvStepReturn:
         """``step_async(actions)`` then ``step_wait()`` (SB3's ``VecEnv.step``), in fewer calls."""
         # (No local holds a view of the block: a traceback that keeps this frame would keep it mapped.)
         engine, own = self._engine, self.__dict__  # step_async/step_wait set on the object
-        if (self._fast is None or engine.status.state is not IDLE or "step_wait" in own or "step_async" in own
-                or not copy_actions(actions, *self._fast)):
-            return super().step(actions)  # everything else, and every check and error message
-        engine.post(P.Cmd.STEP)  # state POSTED
-        return self._finish_step()
+        with engine.status.lock:  # (serialized, as every public call: shmvec._state, "Threads")
+            if (self._fast is None or engine.status.state is not IDLE or "step_wait" in own or "step_async" in own
+                    or not copy_actions(actions, *self._fast)):
+                return super().step(actions)  # everything else, and every check and error message
+            engine.post(P.Cmd.STEP)  # state POSTED
+            return self._finish_step()
 
     def _finish_step(self) -> VecEnvStepReturn:
         """SB3's return of the step in flight; the step is over once it returns, or raises an
@@ -273,10 +277,14 @@ class ShmVecEnv(Uncopyable, VecEnv):
 
         :raises: the first exception an env's ``close()`` raised, after everything is released.
         """
-        self._fast = None  # a view of the block: dropped before it is unmapped
-        if self._engine is not None:
-            self._engine.close()
+        engine = self._engine
+        if engine is None:
+            return
+        with engine.closing():
+            self._fast = None  # a view of the block: dropped before it is unmapped
+            engine.close()
 
+    @serialized
     def get_images(self) -> Sequence[np.ndarray | None]:
         if self.render_mode != "rgb_array":
             warnings.warn(
@@ -285,20 +293,25 @@ class ShmVecEnv(Uncopyable, VecEnv):
             return [None for _ in range(self.num_envs)]
         return self._engine.call(P.Call.RENDER, None, ())
 
+    @serialized
     def has_attr(self, attr_name: str) -> bool:
         return all(self._engine.call(P.Call.HAS_ATTR, None, (attr_name,)))
 
+    @serialized
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         return self._engine.call(P.Call.GET_ATTR, indices, (attr_name,))
 
+    @serialized
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
         self._engine.call(P.Call.SET_ATTR, indices, (attr_name, value))
 
+    @serialized
     def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None, **method_kwargs) -> list[Any]:
         if method_name == MASKS_METHOD and self.masks_in_shm and not method_args and not method_kwargs:
             return list(self.action_masks(indices))
         return self._engine.call(P.Call.ENV_METHOD, indices, (method_name, method_args, method_kwargs))
 
+    @serialized
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
         return self._engine.call(P.Call.IS_WRAPPED, indices, (wrapper_class,))
 
@@ -307,6 +320,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         """Whether action masks are served from shared memory (the ``action_masks`` option)."""
         return self._engine is not None and self._engine.masks_in_shm
 
+    @serialized
     def action_masks(self, indices: VecEnvIndices = None) -> np.ndarray:
         """The envs' current action masks, bool ``(len(indices), mask_size)``, read from shared memory.
 
@@ -316,9 +330,28 @@ class ShmVecEnv(Uncopyable, VecEnv):
         :raises ShmVecEnvError: action masks are off for this vec env.
         :raises ClosedVecEnvError, BrokenVecEnvError, AlreadyPendingCallError: misuse.
         """
-        return self._engine.action_masks(indices)
+        engine = self._engine
+        engine.check_usable()
+        if not engine.masks_in_shm:
+            raise ShmVecEnvError(
+                f"action masks are off for this {type(self).__name__} (its envs have no action_masks() method, or "
+                "action_masks=False): call env_method('action_masks') instead."
+            )
+        engine.check_idle("action_masks")
+        if not engine.masks_live:  # the first ask: the workers write them now, and after every step
+            try:
+                engine.call(P.Call.ACTION_MASKS, None, ())
+            except Exception:
+                if engine.status.failure is None:  # one worker's envs failed: the others go back to off
+                    engine.call(P.Call.ACTION_MASKS_OFF, None, ())
+                raise
+            engine.masks_live = True
+        if indices is None:
+            return engine.views.mask.copy()
+        return engine.views.mask[list(engine.indices(indices))]
 
     # ---- seeds and plain-data description ------------------------------------------------------------
+    @serialized
     def seed(self, seed: int | Sequence[int | None] | np.random.SeedSequence | None = None) -> list[int | None]:
         """Sets the seeds of the next ``reset()``, as SB3 does, and more.
 
@@ -336,10 +369,12 @@ class ShmVecEnv(Uncopyable, VecEnv):
         self._seeds, self._seed_arg = per_env_seeds(seed, self.num_envs)
         return self._seeds
 
+    @serialized
     def set_options(self, options: list[dict] | dict | None = None) -> None:
         super().set_options(options)
         self._options_arg = options
 
+    @serialized
     def describe(self) -> dict[str, Any]:
         """This vec env as plain, JSON-serializable data, from which :meth:`from_description` rebuilds it.
 

@@ -20,6 +20,7 @@ from shmvec import _protocol as P
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
 from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, ShmVecEnvError
+from shmvec._state import serialized
 
 _WORKER_MODE = {
     AutoresetMode.NEXT_STEP: P.AUTORESET_NEXT_STEP,
@@ -178,6 +179,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         return make_vec(id, num_envs=num_envs, vector_kwargs=vector_kwargs, wrappers=wrappers, **kwargs)
 
     # ---- Gymnasium VectorEnv API -----------------------------------------------------------------------
+    @serialized
     def reset(
         self,
         *,
@@ -221,6 +223,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
                 infos = self._add_info(infos, info, i)
         return self._observations(), infos
 
+    @serialized
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Steps every env with its action; returns (obs, rewards, terminated, truncated, infos).
 
@@ -277,10 +280,12 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
                 self._ended |= terminated | truncated
         return self._observations(), rewards, terminated, truncated, infos
 
+    @serialized
     def render(self) -> tuple[Any, ...] | None:
         """The frames of every env's ``render()``, as a tuple."""
         return tuple(self._usable().call(P.Call.RENDER, None, ()))
 
+    @serialized
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method ``name`` of every env (or returns attribute ``name`` if it is not callable)."""
         return tuple(self._usable().call(P.Call.CALL, None, (name, args, kwargs)))
@@ -289,6 +294,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         """Attribute ``name`` of every env, as Gymnasium does it (through :meth:`call`)."""
         return self.call(name)
 
+    @serialized
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
         """Sets attribute ``name`` of every env: one value each (a list or tuple), or the same value.
 
