@@ -1,35 +1,290 @@
-"""What a vec env needs to know of the machine: usable cores, start methods, CPU pinning, the forkserver.
+"""What a vec env needs to know of the machine: its CPU budget, start methods, CPU pinning, the forkserver.
 
-- :func:`usable_cores` and :func:`default_start_method`: the defaults of ``n_workers`` and
-  ``start_method``;
+- :func:`cpu_budget` (and :func:`usable_cores`, its number): how many workers this process should
+  run, from the physical cores, the affinity mask and the cgroup CPU quota, with what was found
+  and why; the default of ``n_workers``, and the core the parent spins on when workers leave one;
+- :func:`default_start_method`: the default of ``start_method``;
 - :func:`cpu_sets`: the cores each worker is pinned to (the ``cpu_affinity`` option);
 - :func:`set_forkserver_preload`: modules multiprocessing's forkserver imports once (the
   ``preload`` option).
+
+The CPU budget
+--------------
+Three numbers bound the workers that can each have a core, and the budget is the smallest:
+
+- **physical cores** among the CPUs this process may run on: the two hardware threads of one core
+  share its execution units, so two workers there step at well under twice the speed of one, and
+  a synchronous step waits for the slower (read from ``/sys/devices/system/cpu/cpuN/topology``:
+  ``core_cpus_list`` or ``thread_siblings_list``, else ``physical_package_id`` + ``core_id``;
+  where the topology cannot be read, every CPU counts as a core);
+- **the affinity mask** (``taskset``, a cpuset cgroup, SLURM's binding): the CPUs the kernel lets
+  this process run on;
+- **the cgroup CPU quota** (Docker's ``--cpus``, a Kubernetes CPU limit, SLURM with cgroups):
+  ``cpu.max`` (v2) or ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (v1), the smallest over the
+  process's cgroup and its ancestors.  It is rounded **down** (at least 1): the kernel throttles
+  the whole group, every process at once, for the rest of a period once it has used its quota,
+  and a synchronous step waits for its last worker; with ``floor(quota)`` busy workers, the
+  group never runs out, and the fraction left over goes to the parent (SB3's bookkeeping, the
+  policy), which needs some CPU every step.  Rounding up would put one worker more on the CPUs
+  than the quota pays for.
+
+:func:`cpu_budget` takes a root directory, so that tests can read faked ``/sys`` and ``/proc``
+trees.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import multiprocessing.forkserver
 import numbers
 import os
+import re
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from shmvec._errors import user_stacklevel
 
-__all__ = ["usable_cores", "default_start_method", "cpu_sets", "set_forkserver_preload"]
+__all__ = ["CpuBudget", "cpu_budget", "usable_cores", "default_start_method", "cpu_sets", "set_forkserver_preload"]
+
+_CPU_DIR = "sys/devices/system/cpu"
+
+
+@dataclass(frozen=True)
+class CpuBudget:
+    """What :func:`cpu_budget` found of the CPUs, and the number of workers it chose.
+
+    :ivar logical: CPUs online on the machine.
+    :ivar affinity: CPUs this process may run on (its affinity mask).
+    :ivar physical: physical cores among those CPUs; None where the topology is unknown.
+    :ivar quota: the cgroup CPU quota in CPUs (2.5: two and a half CPUs' time per period); None
+        where no limit was found.
+    :ivar quota_source: the file the quota was read from (or the cgroup files looked at, when
+        none set a limit); None where there is no cgroup CPU controller to read.
+    :ivar chosen: the budget: the smallest of ``affinity``, ``physical`` and ``floor(quota)``
+        (at least 1).
+    :ivar reason: what bound ``chosen``, in words.
+    """
+
+    logical: int
+    affinity: int
+    physical: int | None
+    quota: float | None
+    quota_source: str | None
+    chosen: int
+    reason: str
+
+    def describe(self) -> str:
+        """One line: what was found, then the choice and its reason."""
+        physical = "topology unknown" if self.physical is None else f"{_n(self.physical, 'physical core')} among them"
+        if self.quota is not None:
+            quota = f"a cgroup CPU quota of {self.quota:g} CPUs ({self.quota_source})"
+        elif self.quota_source:
+            quota = f"no cgroup CPU quota (read {self.quota_source})"
+        else:
+            quota = "no cgroup CPU controller found"
+        return (f"{_n(self.affinity, 'CPU')} in this process's affinity (of {self.logical} online), {physical}, {quota}; "
+                f"default n_workers {self.chosen}: {self.reason}")
+
+
+def cpu_budget(root: str = "/", affinity: Iterable[int] | None = None) -> CpuBudget:
+    """How many workers this process should run: the smallest of the physical cores among the
+    CPUs it may run on, its affinity mask and its cgroup CPU quota (rounded down, at least 1);
+    see the module's docstring for why each.
+
+    :param root: where ``sys/`` and ``proc/`` are read from (``"/"``; a faked tree in tests).
+    :param affinity: the CPUs this process may run on; default ``os.sched_getaffinity(0)``.
+    """
+    if affinity is None:
+        try:
+            affinity = os.sched_getaffinity(0)
+        except AttributeError:  # pragma: no cover - not Linux
+            affinity = range(os.cpu_count() or 1)
+    cpus = sorted(set(affinity)) or [0]
+    online = _read_cpu_list(os.path.join(root, _CPU_DIR, "online"))
+    logical = max(len(online) if online else (os.cpu_count() or 1), len(cpus))
+    physical = _physical_cores(root, cpus)
+    quota, source = _cgroup_quota(root)
+    chosen = min(len(cpus), len(cpus) if physical is None else physical)
+    if physical is None:
+        reason = "one per CPU this process may run on (its affinity; the topology is unknown: each counts as a core)"
+    elif physical < len(cpus):
+        reason = (f"one per physical core: {len(cpus)} CPUs are {_n(physical, 'core')}, and two workers on the "
+                  "threads of one core share it")
+    else:
+        reason = "one per CPU this process may run on (its affinity), each a core of its own"
+    if quota is not None and max(1, math.floor(quota)) < chosen:
+        chosen = max(1, math.floor(quota))
+        reason = (f"the cgroup CPU quota of {quota:g} CPUs, rounded down: a worker never waits for the "
+                  "quota to refill, and the fraction left is the parent's")
+    return CpuBudget(logical=logical, affinity=len(cpus), physical=physical, quota=quota, quota_source=source,
+                     chosen=chosen, reason=reason)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def usable_cores() -> int:
-    """The number of cores this process may run on (its affinity mask, where the OS has one)."""
+    """The workers this process should run, one per core it can really use: :func:`cpu_budget`'s
+    choice (physical cores, affinity, cgroup quota)."""
+    return cpu_budget().chosen
+
+
+def _read(path: str) -> str | None:
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        with open(path) as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _read_cpu_list(path: str) -> frozenset[int] | None:
+    """A kernel CPU list (``0-3,8-11``) read from ``path``; None if missing or malformed."""
+    text = _read(path)
+    if text is None:
+        return None
+    return parse_cpu_list(text)
+
+
+def parse_cpu_list(text: str) -> frozenset[int] | None:
+    """``"0-3,8,10-11"`` as a set of CPU numbers; None if malformed."""
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            first, _, last = part.partition("-")
+            out.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        return None
+    return frozenset(out)
+
+
+def _physical_cores(root: str, cpus: list[int]) -> int | None:
+    """Distinct physical cores among ``cpus``; None if the topology of any of them is unknown."""
+    cores: set[Any] = set()
+    for cpu in cpus:
+        topology = os.path.join(root, _CPU_DIR, f"cpu{cpu}", "topology")
+        siblings = None
+        for name in ("core_cpus_list", "thread_siblings_list"):
+            siblings = _read_cpu_list(os.path.join(topology, name))
+            if siblings:
+                break
+        if siblings:
+            cores.add(siblings)
+            continue
+        package, core = _read(os.path.join(topology, "physical_package_id")), _read(os.path.join(topology, "core_id"))
+        if package is None or core is None:
+            return None
+        cores.add((package, core))
+    return len(cores)
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo field with its octal escapes (``\\040`` for a space) decoded."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _mounts(root: str) -> list[tuple[str, str, str, set[str]]]:
+    """cgroup mounts from ``/proc/self/mountinfo``: (fstype, mount root, mount point, super options)."""
+    text = _read(os.path.join(root, "proc/self/mountinfo"))
+    out = []
+    for line in (text or "").splitlines():
+        fields = line.split()
+        if "-" not in fields:
+            continue
+        dash = fields.index("-")
+        if dash < 5 or len(fields) < dash + 4 or fields[dash + 1] not in ("cgroup", "cgroup2"):
+            continue
+        out.append((fields[dash + 1], _unescape(fields[3]), _unescape(fields[4]), set(fields[dash + 3].split(","))))
+    return out
+
+
+def _cgroup_dirs(root: str) -> list[tuple[str, str, str]]:
+    """(version, the process's cgroup directory, its mount point) for the v2 hierarchy and the v1
+    one with the cpu controller, as found; directories are under ``root``."""
+    text = _read(os.path.join(root, "proc/self/cgroup"))
+    if text is None:
+        return []
+    mounts = _mounts(root)
+    found = []
+    for line in text.splitlines():
+        hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hid == "0" and controllers == "":
+            version = "v2"
+            mine = [(r, p) for fs, r, p, _ in mounts if fs == "cgroup2"]
+            guesses = ["/sys/fs/cgroup"]
+        elif "cpu" in controllers.split(","):
+            version = "v1"
+            mine = [(r, p) for fs, r, p, opts in mounts if fs == "cgroup" and "cpu" in opts]
+            guesses = ["/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"]
+        else:
+            continue
+        if not mine:  # no mountinfo: the usual places, mounted at their root
+            mine = [("/", g) for g in guesses if os.path.isdir(os.path.join(root, g.lstrip("/")))]
+        for mount_root, mount_point in mine[:1]:
+            top = os.path.normpath(os.path.join(root, mount_point.lstrip("/")))
+            rel = os.path.relpath(path or "/", mount_root)
+            here = top if rel == "." or rel.startswith("..") else os.path.normpath(os.path.join(top, rel))
+            if not os.path.isdir(here):  # the path as seen from another namespace: the mount's own root
+                here = top
+            found.append((version, here, top))
+    return found
+
+
+def _quota_at(version: str, directory: str) -> tuple[bool, float | None]:
+    """(whether ``directory`` has the quota's files, the quota they set in CPUs or None: no limit)."""
+    if version == "v2":  # cpu.max: "200000 100000" (2 CPUs) or "max 100000" (no limit)
+        text = _read(os.path.join(directory, "cpu.max"))
+        if text is None:
+            return False, None
+        quota, _, period = text.partition(" ")
+    else:  # cpu.cfs_quota_us: -1 for no limit
+        quota = _read(os.path.join(directory, "cpu.cfs_quota_us"))  # type: ignore[assignment]
+        period = _read(os.path.join(directory, "cpu.cfs_period_us"))  # type: ignore[assignment]
+        if quota is None or period is None:
+            return False, None
+    if quota == "max":
+        return True, None
+    try:
+        q, p = int(quota), int(period or 100000)
+    except ValueError:
+        return False, None
+    return True, (q / p if q > 0 and p > 0 else None)
+
+
+def _cgroup_quota(root: str) -> tuple[float | None, str | None]:
+    """The smallest CPU quota over the process's cgroups and their ancestors, in CPUs, and the
+    file it came from; (None, what was looked at) when no limit is set, (None, None) when there
+    is no cgroup CPU controller to read."""
+    best: tuple[float, str] | None = None
+    looked: list[str] = []
+    for version, here, top in _cgroup_dirs(root):
+        name = "cpu.max" if version == "v2" else "cpu.cfs_quota_us"
+        directory = here
+        while True:  # the process's cgroup, then each ancestor up to the mount: each limit applies
+            found, quota = _quota_at(version, directory)
+            shown = "/" + os.path.relpath(os.path.join(directory, name), root)
+            if found:
+                looked.append(shown)
+            if quota is not None and (best is None or quota < best[0]):
+                best = (quota, f"cgroup {version}, {shown}")
+            if directory == top or not directory.startswith(top + os.sep):
+                break
+            directory = os.path.dirname(directory)
+    if best is not None:
+        return best
+    if looked:
+        more = f" and {len(looked) - 1} more" if len(looked) > 1 else ""
+        return None, f"{looked[0]}{more}"
+    return None, None
 
 
 def default_start_method() -> str:

@@ -28,13 +28,15 @@ from shmvec._machine import cpu_sets, default_start_method, usable_cores
 
 ON_FAILURE = ("raise", "restart")
 # (parent, worker) microseconds of yielding spin before a wait sleeps on the futex; why these
-# values: docs/design.md, "Spin, then sleep".  The parent spins only when a core is free for it.
+# values: docs/design.md, "Spin, then sleep".  The parent spins only when a core is free for it:
+# fewer workers than the CPU budget (shmvec._machine.cpu_budget) that sets the default n_workers.
 DEFAULT_WORKER_SPIN_US = 5000.0
 DEFAULT_PARENT_SPIN_US = 1000.0
 
 
 def default_n_workers(n_envs: int) -> int:
-    """No more workers than cores this process may run on, nor than envs."""
+    """No more workers than the CPU budget (physical cores this process may run on, within its
+    cgroup CPU quota: :func:`shmvec._machine.cpu_budget`), nor than envs."""
     return max(1, min(n_envs, usable_cores()))
 
 

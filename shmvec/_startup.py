@@ -144,7 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = _rows_backends(args.n_envs, args.start_methods.split(","), args.backends.split(","))
     if args.preload:
         rows += _rows_preload(args.preload_n_envs)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    from shmvec._machine import usable_cores  # here: the measured children import this module and stay light
+
+    cores = usable_cores()
     if args.json:
         print(json.dumps({"cores": cores, "rows": rows}, indent=1))
         return

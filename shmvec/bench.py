@@ -20,10 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
-import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -31,18 +29,11 @@ from typing import Any
 import numpy as np
 
 from shmvec._bench import backends as B
+from shmvec._bench import scaling
 from shmvec._bench.envs import check_env_name, env_names
-from shmvec._bench.measures import (
-    ACTION_BATCHES,
-    Ceiling,
-    Stepper,
-    bare_loop_sps,
-    cores,
-    median_ratio,
-    side_by_side,
-    summarize_latency,
-)
+from shmvec._bench.measures import Ceiling, bare_loop_sps, cores, median_ratio, side_by_side, summarize_latency
 from shmvec._bench.remote import RemoteBackend, RemoteError, footprint
+from shmvec._bench.session import LocalBackend, Progress, describe_error, machine
 
 RESULTS_VERSION = 1
 REFERENCE = "DummyVecEnv"
@@ -64,6 +55,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "envs": ["CartPole-v1", "image-84x84x4", "busy-200us"], "n_envs": [64], "seconds": 5.0,
         "points": ["CartPole-v1:64", "image-84x84x4:64", "busy-200us:16"], "footprint_at": None,
     },
+    # Steps/s against workers, 1 to the cores, at 64 to 1,024 envs (shmvec._bench.scaling): its own run.
+    "scaling": {"envs": scaling.ENVS, "n_envs": scaling.N_ENVS, "seconds": 2.0, "footprint_at": None},
 }
 
 
@@ -82,56 +75,6 @@ class Config:
     footprint: bool = True
     latency: bool = True
     latency_steps: int = 200
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    versions = {}
-    for mod in ("numpy", "gymnasium", "stable_baselines3", "envpool"):
-        try:
-            versions[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001 - a missing or broken optional package is just not listed
-            pass
-    return {"cores": cores(), "cpu": cpu, "python": platform.python_version(), "platform": platform.platform(),
-            "versions": versions}
-
-
-class Progress:
-    """A progress line on stderr: ``[k/n] pct elapsed what``; redrawn in place on a terminal."""
-
-    def __init__(self, total: int, enabled: bool = True, stream: Any = None) -> None:
-        self.total, self.done, self.enabled = max(total, 1), 0, enabled
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.t0 = time.monotonic()
-
-    def show(self, what: str) -> None:
-        if not self.enabled or not (what or self.tty):
-            return
-        pct = 100 * self.done / self.total
-        line = f"[{self.done:>3}/{self.total}] {pct:3.0f}% {time.monotonic() - self.t0:5.0f}s  {what}"
-        if self.tty:
-            self.stream.write("\r\033[K" + line[:120])
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def advance(self, what: str = "") -> None:
-        self.done += 1
-        self.show(what)
-
-    def finish(self) -> None:
-        if self.enabled and self.tty:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
 
 
 def check_puffer_python(python: str | None) -> str | None:
@@ -162,39 +105,11 @@ def available_backends(config: Config) -> tuple[list[str], list[dict[str, str]]]
     return ok, skipped
 
 
-def _describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-
-
-class _Local:
-    """An in-process backend with the stepper interface."""
-
-    def __init__(self, name: str, spec: B.BuildSpec) -> None:
-        self.handle = B.build(name, spec)
-        try:
-            self.handle.reset()
-            self.stepper = Stepper(self.handle.step, self.handle.sample_actions(ACTION_BATCHES),
-                                   self.handle.envs_per_step or spec.n_envs)
-        except BaseException:
-            self.handle.close()
-            raise
-        self.workers = self.handle.workers
-
-    def chunk(self, seconds: float) -> float:
-        return self.stepper.chunk(seconds)
-
-    def latency_us(self, n: int) -> list[float]:
-        return self.stepper.latency_us(n)
-
-    def close(self) -> None:
-        self.handle.close()
-
-
 def _open(name: str, spec: B.BuildSpec, config: Config) -> Any:
     if B.get(name).remote:
         assert config.puffer_python
         return RemoteBackend(config.puffer_python, name, spec)
-    return _Local(name, spec)
+    return LocalBackend(name, spec)
 
 
 def _open_all(names: list[str], spec: B.BuildSpec, config: Config,
@@ -205,7 +120,7 @@ def _open_all(names: list[str], spec: B.BuildSpec, config: Config,
             opened[name] = _open(name, spec, config)
         except Exception as e:  # noqa: BLE001 - a backend that fails to build is reported, the run goes on
             skipped.append({"backend": name, "env": spec.env, "n_envs": spec.n_envs,
-                            "reason": f"failed to build or step: {_describe(e)}"})
+                            "reason": f"failed to build or step: {describe_error(e)}"})
     return opened
 
 
@@ -287,7 +202,7 @@ def _measure_point(env: str, n_envs: int, runnable: list[str], config: Config, r
     try:
         opened[CEILING] = Ceiling(env, k, config.start_method)
     except Exception as e:  # noqa: BLE001 - the run goes on without the ceiling column
-        skipped.append({"backend": CEILING, "env": env, "n_envs": n_envs, "reason": f"failed to start: {_describe(e)}"})
+        skipped.append({"backend": CEILING, "env": env, "n_envs": n_envs, "reason": f"failed to start: {describe_error(e)}"})
     done = 0
 
     def tick() -> None:
@@ -296,7 +211,7 @@ def _measure_point(env: str, n_envs: int, runnable: list[str], config: Config, r
         progress.advance(f"{env} x {n_envs}: measuring, round {done}/{config.rounds}")
 
     def failed(name: str, e: Exception) -> None:
-        skipped.append({"backend": name, "env": env, "n_envs": n_envs, "reason": f"failed while stepping: {_describe(e)}"})
+        skipped.append({"backend": name, "env": env, "n_envs": n_envs, "reason": f"failed while stepping: {describe_error(e)}"})
 
     try:
         per_round = side_by_side(opened, config.seconds, config.rounds, tick, on_error=failed)
@@ -331,7 +246,7 @@ def _footprint(name: str, env: str, n_envs: int, config: Config, results: dict[s
         fp = footprint(python, name, B.BuildSpec(env, n_envs, config.workers, config.start_method))
     except (RemoteError, OSError) as e:
         results["skipped"].append({"backend": name, "env": env, "n_envs": n_envs,
-                                   "reason": f"start-up/memory helper failed: {_describe(e)}"})
+                                   "reason": f"start-up/memory helper failed: {describe_error(e)}"})
         return
     fp.pop("pid", None)
     results["footprint"].append({"backend": name, "env": env, "n_envs": n_envs, **fp})
@@ -354,7 +269,7 @@ def _latency(config: Config, names: list[str], results: dict[str, Any], progress
                     samples[name] += o.latency_us(per_round)
                 except Exception as e:  # noqa: BLE001 - reported, the others go on
                     results["skipped"].append({"backend": name, "env": "zero-cost",
-                                               "reason": f"failed while stepping: {_describe(e)}"})
+                                               "reason": f"failed while stepping: {describe_error(e)}"})
                     del samples[name]
     finally:
         for o in opened.values():
@@ -500,7 +415,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--preset", choices=list(PRESETS), default="quick",
                    help="a named set of defaults (quick: about a minute on 2 cores; full: every env, "
-                        "n_envs 1..64, the README's figures; targets: CartPole at 64 envs, 84x84x4 images at 64, a 200 us env at 16, 5 s each); "
+                        "n_envs 1..64, the README's figures; targets: CartPole at 64 envs, 84x84x4 images at 64, a 200 us env at 16, 5 s each; "
+                        "scaling: steps/s against workers from 1 to the cores, at 64 to 1,024 envs); "
                         "options below override it")
     p.add_argument("--envs", nargs="+", metavar="ENV", help="envs to run (default: CartPole-v1)")
     p.add_argument("--n-envs", nargs="+", type=int, metavar="N", help="numbers of envs (default: 8 64)")
@@ -522,6 +438,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="where to measure start-up and memory (default: the first env at the largest n_envs)")
     p.add_argument("--no-footprint", action="store_true", help="skip start-up and memory")
     p.add_argument("--no-latency", action="store_true", help="skip the round-trip latency")
+    p.add_argument("--max-envs", type=int, metavar="N",
+                   help="scaling: leave out the n_envs above N (a short run on a small machine)")
+    p.add_argument("--max-processes", type=int, metavar="N",
+                   help="scaling: processes of the one-process-per-env backends (SubprocVecEnv, AsyncVectorEnv) at "
+                        "most; past it they step N envs (default: 2 x the cores)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--plot", metavar="DIR", help="also write throughput.png and footprint.png into DIR "
                                                  "(needs shmvec[plot])")
@@ -565,6 +486,13 @@ def _list(puffer_python: str | None) -> str:
     return "\n".join(lines)
 
 
+def _print(results: dict[str, Any], markdown: bool) -> None:
+    if results.get("kind") == scaling.KIND:
+        print(scaling.format_markdown(results) if markdown else scaling.format_table(results))
+    else:
+        print(format_markdown(results) if markdown else format_table(results))
+
+
 def main(argv: list[str] | None = None) -> int:
     # EnvPool's spaces make Gymnasium warn about float64 bounds cast to float32: noise, not news.
     warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
@@ -583,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         with open(args.from_json) as f:
             results = json.load(f)
-        print(format_markdown(results) if args.markdown else format_table(results))
+        _print(results, args.markdown)
         if args.plot:
             from shmvec._bench.plot import plot_all
 
@@ -591,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {path}")
         return 0
     try:
-        config = config_from_args(args)
+        config: Any = (scaling.config_from_args(args, PRESETS["scaling"]) if args.preset == "scaling"
+                       else config_from_args(args))
     except ValueError as e:
         parser.error(str(e))
     m = machine()
@@ -599,8 +528,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{config.seconds:g} s per backend and point, {config.workers} workers, start method {config.start_method}",
           flush=True)
     progress = Progress(0, enabled=not args.quiet)
-    results = run(config, progress)
-    print(format_markdown(results) if args.markdown else format_table(results))
+    results = scaling.run(config, progress) if args.preset == "scaling" else run(config, progress)
+    _print(results, args.markdown)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

@@ -2,8 +2,10 @@
 
 Checks, each with a status (``ok``, ``info``, ``warn``, ``fail``) and advice:
 
-- ``cores``: the cores this process may use against the workers asked for, the load, and how
-  many of them other processes keep busy right now (sampled from ``/proc/stat``);
+- ``cores``: the CPU budget (physical cores among the CPUs this process may run on, its affinity,
+  the cgroup CPU quota: what was found and why ShmVecEnv's default ``n_workers`` is what it is)
+  against the workers asked for, the load, and how many cores other processes keep busy right
+  now (sampled from ``/proc/stat``);
 - ``shm``: ``/dev/shm`` exists, its size and free space against what the env needs (Docker gives
   64 MiB by default), and segments left by crashed processes;
 - ``start-method``: which start methods exist and what ShmVecEnv will use;
@@ -30,6 +32,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from shmvec._machine import CpuBudget, cpu_budget, usable_cores
+
 SHM_DIR = "/dev/shm"
 #: Below this, /dev/shm is the container default or close to it: warn.
 SMALL_SHM_BYTES = 512 * 2**20
@@ -53,10 +57,7 @@ class Check:
 
 
 def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    return usable_cores()
 
 
 def _mib(n: float) -> str:
@@ -100,24 +101,34 @@ def busy_cores(seconds: float = 0.3) -> float | None:
 
 
 def check_cores(workers: int | None, n_envs: int | None = None, cores: int | None = None,
-                load: float | None = None, busy: float | None = None) -> Check:
+                load: float | None = None, busy: float | None = None, budget: CpuBudget | None = None) -> Check:
     """Workers against cores: more workers than cores timeshare the cores and every step waits
-    for the slowest.  ``busy``: cores other processes keep busy now (:func:`busy_cores`), or None."""
-    cores = cores or _cores()
+    for the slowest.  ``busy``: cores other processes keep busy now (:func:`busy_cores`), or None.
+    ``budget``: the CPU budget to report (:func:`shmvec._machine.cpu_budget`); read here when
+    neither it nor ``cores`` is given, and ``cores`` defaults to its choice."""
+    if budget is None and cores is None:
+        budget = cpu_budget()
+    cores = cores or budget.chosen  # type: ignore[union-attr]
     if load is None:
         try:
             load = os.getloadavg()[0]
         except OSError:  # pragma: no cover
             load = 0.0
-    data = {"cores": cores, "workers": workers, "n_envs": n_envs, "load_1min": load, "busy_cores": busy}
-    detail = f"{cores} cores usable by this process (of {os.cpu_count()}); load average {load:.1f}"
+    data = {"cores": cores, "workers": workers, "n_envs": n_envs, "load_1min": load, "busy_cores": busy,
+            "budget": asdict(budget) if budget else None}
+    if budget is not None:
+        detail = f"{budget.describe()}; load average {load:.1f}"
+    else:
+        detail = f"{cores} cores usable by this process (of {os.cpu_count()}); load average {load:.1f}"
     if busy is not None:
         detail += f"; {busy:.1f} busy now"
+    # The load average counts the whole machine's runnable processes: compare it with all its CPUs.
+    machine_cpus = budget.logical if budget is not None else cores
     if workers is not None and workers > cores:
         return Check("cores", "warn", f"{detail}; {workers} workers asked for",
-                     f"Use n_workers <= {cores} (ShmVecEnv's default is one per core): more workers than cores "
+                     f"Use n_workers <= {cores} (ShmVecEnv's default here): more workers than cores "
                      "take turns on the cores, and every step waits for the last of them.", data)
-    if busy is None and load > cores:  # the load average lags by minutes: the sample wins where there is one
+    if busy is None and load > machine_cpus:  # the load average lags by minutes: the sample wins where there is one
         return Check("cores", "warn", f"{detail}: other processes keep every core busy",
                      "Workers get only part of a core, so multi-process vec envs lose their edge and timings "
                      "move from run to run. Benchmark on a quiet machine, compare backends side by side.", data)
@@ -415,9 +426,10 @@ def _measure_gym_id(env: str, n_envs: int, workers: int, seconds: float) -> dict
 def diagnose(env: str | None = None, n_envs: int | None = None, workers: int | None = None,
              start_method: str | None = None, measure: bool = False) -> list[Check]:
     """Runs every check; ``env`` adds the shared-memory estimate and the env timing."""
-    cores = _cores()
+    budget = cpu_budget()
+    cores = budget.chosen
     n_workers = workers or (min(n_envs, cores) if n_envs else cores)
-    checks = [check_cores(workers, n_envs, cores, busy=busy_cores())]
+    checks = [check_cores(workers, n_envs, busy=busy_cores(), budget=budget)]
     needed = None
     if env:
         try:
@@ -459,7 +471,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         import platform
 
-        print(f"shmvec doctor: {_cores()} cores, {platform.platform()}, Python {platform.python_version()}")
+        budget = next((c.data or {} for c in checks if c.name == "cores"), {}).get("budget") or asdict(cpu_budget())
+        physical = "" if budget["physical"] is None else f" ({budget['physical']} physical cores)"
+        print(f"shmvec doctor: {budget['affinity']} CPUs{physical}, {platform.platform()}, "
+              f"Python {platform.python_version()}")
         print(format_checks(checks))
     return 1 if any(c.status == "fail" for c in checks) else 0
 

@@ -11,14 +11,13 @@
 - :func:`latency_us`: the time of one vec step, step by step (median and 90th percentile).
 - :func:`tree_memory`: resident memory of a process and all its descendants, as PSS.
 
-Only numpy, gymnasium and (for memory) psutil are imported: a helper process in another
-interpreter can use this module.
+Only numpy, gymnasium, (for memory) psutil and shmvec's pure-Python ``_machine`` are imported: a
+helper process in another interpreter can use this module.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -26,17 +25,16 @@ from typing import Any
 import numpy as np
 
 from shmvec._bench.envs import EnvFactory
+from shmvec._machine import usable_cores
 
 #: Batches of random actions drawn before timing (cycled through while stepping).
 ACTION_BATCHES = 64
 
 
 def cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    """The cores a run uses by default: shmvec's CPU budget (physical cores among the CPUs this
+    process may run on, within its cgroup CPU quota), which is also ShmVecEnv's default ``n_workers``."""
+    return usable_cores()
 
 
 def bare_loop_sps(env: str, seconds: float) -> float:

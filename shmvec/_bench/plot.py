@@ -2,7 +2,10 @@
 
 - ``throughput.png``: env steps/s against ``n_envs`` (log-log), one panel per env, one line per
   backend, the limit (cores x one env's bare-loop steps/s) drawn dashed;
-- ``footprint.png``: start-up time (construct + first reset) and memory added, one bar per backend.
+- ``footprint.png``: start-up time (construct + first reset) and memory added, one bar per backend;
+- ``scaling.png`` (``--preset scaling``): env steps/s against workers (log-log), one panel per env
+  and ``n_envs``, a line per backend that takes a number of workers, a marker for each of the
+  others at its number of processes, and the limit (min(workers, cores) x one env's bare loop).
 """
 
 from __future__ import annotations
@@ -109,9 +112,60 @@ def plot_footprint(results: dict[str, Any], path: str) -> str:
     return path
 
 
+def plot_scaling(results: dict[str, Any], path: str) -> str:
+    plt = _pyplot()
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    envs = list(results["bare"])
+    ns = sorted({p["n_envs"] for p in results["points"]}) or [0]
+    fig, axes = plt.subplots(len(envs), len(ns), figsize=(4.2 * len(ns) + 2.9, 3.5 * len(envs) + 1.0), squeeze=False)
+    legend: dict[str, Any] = {}
+    cap = results["process_cap"]
+    for row, env in zip(axes, envs):
+        for ax, n in zip(row, ns):
+            points = [p for p in results["points"] if (p["env"], p["n_envs"]) == (env, n)]
+            xs_all = sorted({p["workers"] for p in points} | set(results["worker_counts"]))
+            for backend in dict.fromkeys(p["backend"] for p in points):
+                mine = sorted((p["workers"], p["steps_per_s"]) for p in points if p["backend"] == backend)
+                xs, ys = zip(*mine)
+                shm = backend.startswith("Shm")
+                label = _LABELS.get(backend, backend)
+                if any(p["capped"] for p in points if p["backend"] == backend):
+                    label = f"{backend} (one process per env, at most {cap}: * steps {cap} envs)"
+                (line,) = ax.plot(xs, ys, marker="o" if len(xs) > 1 else "s", lw=2.6 if shm else 1.4,
+                                  color=_COLORS.get(backend), zorder=3 if shm else 2, ms=7 if len(xs) == 1 else 5)
+                legend.setdefault(label, line)
+                for p in points:
+                    if p["backend"] == backend and p["capped"]:
+                        ax.annotate("*", (p["workers"], p["steps_per_s"]), textcoords="offset points", xytext=(4, 2))
+            bare, k = results["bare"][env], results["limit_cores"]
+            (line,) = ax.plot(xs_all, [min(x, k) * bare for x in xs_all], ls="--", color="black", lw=1.2)
+            legend.setdefault(f"limit: min(workers, {k} cores) x one env in a bare loop", line)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.xaxis.set_major_locator(FixedLocator(xs_all))
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_title(f"{env}, {n} envs", fontsize=10)
+            ax.set_xlabel("workers (processes or threads)")
+            ax.set_ylabel("env steps / s")
+            ax.grid(True, which="both", alpha=0.3)
+    fig.legend(list(legend.values()), list(legend), loc="center right", fontsize=8, frameon=False)
+    m = results["machine"]
+    c = results["config"]
+    fig.suptitle(f"Env steps/s against workers (log-log)\n{m['cores']} cores, {m['cpu']}, Python {m['python']}; "
+                 f"{c['seconds']:g} s per configuration, start method {c['start_method']}", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1 - 2.8 / fig.get_figwidth(), 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_all(results: dict[str, Any], directory: str) -> list[str]:
     """Writes the figures into ``directory`` (created if needed); returns their paths."""
     os.makedirs(directory, exist_ok=True)
+    if results.get("kind") == "scaling":
+        return [plot_scaling(results, os.path.join(directory, "scaling.png"))]
     out = [plot_throughput(results, os.path.join(directory, "throughput.png"))]
     if results.get("footprint"):
         out.append(plot_footprint(results, os.path.join(directory, "footprint.png")))

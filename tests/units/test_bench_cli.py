@@ -483,3 +483,74 @@ def test_lockstep_ceiling_keeps_its_processes_in_step():
     rates = lc.measure(4, 2, rounds=1, seconds=0.1)
     assert set(rates) == {"DummyVecEnv", "ShmVecEnv", "lockstep", "free", "roundtrip"}
     assert all(len(v) == 1 and v[0] > 0 for v in rates.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# --preset scaling: steps/s against workers
+# ---------------------------------------------------------------------------------------------
+
+
+def test_scaling_worker_counts_and_warmup():
+    from shmvec._bench.scaling import warmup_steps, worker_counts
+
+    assert worker_counts(1) == [1]
+    assert worker_counts(2) == [1, 2]
+    assert worker_counts(12) == [1, 2, 4, 8, 12]
+    assert worker_counts(16) == [1, 2, 4, 8, 16]
+    assert warmup_steps(8) == 20 and warmup_steps(1024) == 4 and warmup_steps(100_000) == 2
+
+
+def test_scaling_preset_config(capsys):
+    from shmvec._bench import scaling
+
+    def config(*argv):
+        return scaling.config_from_args(bench._parser().parse_args(["--preset", "scaling", *argv]),
+                                        bench.PRESETS["scaling"])
+
+    c = config()
+    assert c.envs == ["CartPole-v1", "busy-200us", "image-84x84x4"] and max(c.n_envs) >= 1024
+    assert {"DummyVecEnv", "SubprocVecEnv", "AsyncVectorEnv", "ShmVecEnv", "EnvPool"} <= set(c.backends)
+    assert c.process_cap == 2 * c.workers and c.seconds == 2.0
+    c = config("--max-envs", "256", "--workers", "16", "--max-processes", "8", "--seconds", "0.5")
+    assert c.n_envs == [64, 256] and c.workers == 16 and c.process_cap == 8 and c.seconds == 0.5
+    assert config("--max-envs", "8").n_envs == [8]
+    for argv, message in ((["--max-envs", "0"], "--max-envs"), (["--backends", "PufferLib"], "another interpreter")):
+        with pytest.raises(SystemExit):
+            bench.main(["--preset", "scaling", *argv])
+        assert message in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_scaling_preset_tiny_run(tmp_path, capsys):
+    """The sweep on tiny settings (a few seconds): every configuration is there, the one-process-per-env
+    backend is capped and says so, ratios are consistent, and the saved results print and plot again."""
+    out = tmp_path / "scaling.json"
+    rc, cap = _run_cli(["--preset", "scaling", "--envs", "CartPole-v1", "--n-envs", "4", "--workers", "2",
+                        "--max-processes", "2", "--backends", "DummyVecEnv", "SubprocVecEnv", "ShmVecEnv",
+                        "--json", str(out), *TINY], capsys)
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["kind"] == "scaling" and r["worker_counts"] == [1, 2] and r["process_cap"] == 2
+    assert r["machine"]["cpu_budget"]["chosen"] == r["machine"]["cores"] >= 1
+    got = {(p["backend"], p["workers"], p["envs_stepped"], p["capped"]) for p in r["points"]}
+    assert got == {("DummyVecEnv", 1, 4, False), ("SubprocVecEnv", 2, 2, True), ("ShmVecEnv", 1, 4, False),
+                   ("ShmVecEnv", 2, 4, False)}
+    bare = r["bare"]["CartPole-v1"]
+    for p in r["points"]:
+        assert p["n_envs"] == 4 and len(p["rounds"]) == 2 and p["steps_per_s"] > 0
+        assert math.isclose(p["share_of_limit"], p["steps_per_s"] / (min(p["workers"], r["limit_cores"]) * bare))
+        if p["backend"] == "ShmVecEnv":
+            assert p["ratio_to_one_worker"] > 0 and (p["workers"] > 1 or p["ratio_to_one_worker"] == 1.0)
+        else:
+            assert p["ratio_to_one_worker"] is None
+    assert "capped at 2 processes" in cap.out and "x 1 worker" in cap.out and "2*" in cap.out
+    assert bench.main(["--from-json", str(out), "--markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "| CartPole-v1 | 4 | SubprocVecEnv | 2 | 2 (capped) |" in text
+    if importlib.util.find_spec("matplotlib") is None:
+        return
+    # In a process of its own: matplotlib keeps its font files open for the life of the process.
+    done = subprocess.run([sys.executable, "-m", "shmvec.bench", "--from-json", str(out), "--plot", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -158,3 +158,36 @@ def test_cli_measure_gymnasium_id(env_id, capsys):
     checks = json.loads(capsys.readouterr().out)
     measured = checks[-1]["data"]["measured"]
     assert measured["DummyVecEnv"] > 0 and measured["ShmVecEnv"] > 0
+
+
+def _quota_budget():
+    from shmvec._machine import CpuBudget
+
+    return CpuBudget(logical=16, affinity=16, physical=8, quota=2.5, quota_source="cgroup v2, /sys/fs/cgroup/job/cpu.max",
+                     chosen=2, reason="the cgroup CPU quota of 2.5 CPUs, rounded down: a worker never waits for the "
+                                      "quota to refill, and the fraction left is the parent's")
+
+
+def test_cores_reports_the_budget_and_why():
+    """The cores check says what the CPU budget found (CPUs, physical cores, quota) and why it chose."""
+    budget = _quota_budget()
+    c = doctor.check_cores(workers=None, load=0.1, budget=budget)
+    assert c.status == "ok" and c.data["cores"] == 2 and c.data["budget"]["quota"] == 2.5
+    for part in ("16 CPUs in this process's affinity (of 16 online)", "8 physical cores", "quota of 2.5 CPUs",
+                 "/sys/fs/cgroup/job/cpu.max", "default n_workers 2", "rounded down"):
+        assert part in c.detail, c.detail
+    c = doctor.check_cores(workers=8, load=0.1, budget=budget)
+    assert c.status == "warn" and "n_workers <= 2" in c.advice
+
+
+def test_cli_text_prints_the_budget(monkeypatch, capsys):
+    monkeypatch.setattr(doctor, "cpu_budget", _quota_budget)
+    monkeypatch.setattr(doctor, "busy_cores", lambda seconds=0.3: 0.0)
+    assert doctor.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("shmvec doctor: 16 CPUs (8 physical cores),")
+    assert "quota of 2.5 CPUs" in out and "default n_workers 2: the cgroup CPU quota" in out
+    monkeypatch.setattr(doctor, "cpu_budget", _quota_budget)
+    assert doctor.main(["--json"]) == 0
+    cores = json.loads(capsys.readouterr().out)[0]
+    assert cores["name"] == "cores" and cores["data"]["budget"]["chosen"] == 2
