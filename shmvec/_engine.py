@@ -221,8 +221,8 @@ class Engine:
     def finish_step(self) -> None:
         """The front-end has returned the step (or failed building its return): nothing in flight
         (``done_step`` is dropped by the next post)."""
-        self.status.enter(IDLE)
         self.status.poster = None
+        self.status.enter(IDLE)
 
     def drop_step(self) -> None:
         """A step left in flight (a Ctrl-C, or a step_async() without step_wait()): finished, dropped."""
@@ -493,7 +493,9 @@ class Engine:
         if errors:
             _, packed = errors[0]
             raise unpack_exception(packed, "Everything else was released.")
-        if workers.died_in_close:
+        if workers.died_in_close and status.failure is None:
+            # (A broken engine's workers may still be running the command that broke it: a death
+            # then is not one in an env's close(), and the failure was reported already.)
             w, code, report = workers.died_in_close[0]
             sl = self.slices[w]
             raise caused(WorkerDiedError(
