@@ -277,20 +277,19 @@ def _scatter(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], wh
     field = f"{what}{_fmt(path)}"
 
     def scatter_leaf(i: int, value: Any) -> None:
-        if type(value) is np.ndarray:
-            if value.shape != shape:
-                raise ObservationError(f"{field} has shape {value.shape}, the space declares {shape}")
-            if value.dtype != dtype and (dtype.kind in "iu" or not np.can_cast(value.dtype, dtype, "same_kind")):
-                # int64 pixels for a uint8 Box (DummyVecEnv casts them, wrapping 300 to 44): taken
-                # when every value fits (checked for every cast into an integer buffer)
-                exact = exact_integers(value, dtype)
-                if exact is None:
-                    raise ObservationError(
-                        f"{field} has dtype {value.dtype}, which does not cast to the space's {dtype} (other "
-                        "integers, and whole floats, are taken only when every value fits)")
-                value = exact
-        elif np.shape(value) != shape:
-            raise ObservationError(f"{field} has shape {np.shape(value)}, the space declares {shape}")
+        if type(value) is not np.ndarray:  # a list, a number: checked as the same values in an array
+            value = np.asarray(value)
+        if value.shape != shape:
+            raise ObservationError(f"{field} has shape {value.shape}, the space declares {shape}")
+        if value.dtype != dtype and (dtype.kind in "iu" or not np.can_cast(value.dtype, dtype, "same_kind")):
+            # int64 pixels for a uint8 Box (DummyVecEnv casts them, wrapping 300 to 44): taken
+            # when every value fits (checked for every cast into an integer buffer)
+            exact = exact_integers(value, dtype)
+            if exact is None:
+                raise ObservationError(
+                    f"{field} has dtype {value.dtype}, which does not cast to the space's {dtype} (other "
+                    "integers, and whole floats, are taken only when every value fits)")
+            value = exact
         arr[i] = value
 
     if arr.flags.c_contiguous and arr.ndim >= 1:

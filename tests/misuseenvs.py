@@ -76,3 +76,22 @@ class NoSpaceEnv(gym.Env):
 
 def make_no_space_env(which: str = "observation_space") -> gym.Env:
     return NoSpaceEnv(which)
+
+
+class ListObsEnv(gym.Env):
+    """Returns its observation as a Python list (of ``values``) for an int32 Box."""
+
+    def __init__(self, values: tuple = (1.5, 2.0)) -> None:
+        self.observation_space = spaces.Box(-10, 10, shape=(2,), dtype=np.int32)
+        self.action_space = spaces.Discrete(2)
+        self.values = list(values)
+
+    def reset(self, *, seed=None, options=None):
+        return [1, 2], {}
+
+    def step(self, action):
+        return list(self.values), 0.0, False, False, {}
+
+
+def make_list_obs_env(values: tuple = (1.5, 2.0)) -> gym.Env:
+    return ListObsEnv(values)

@@ -246,3 +246,24 @@ def test_an_env_without_a_space_is_named(which):
     fns = [functools.partial(misuseenvs.make_no_space_env, which)] * 2
     with pytest.raises(SpaceError, match=rf"env 0's {which} is None .*set self.{which}"):
         ShmVecEnv(fns, n_workers=1, start_method="fork")
+
+
+def test_a_list_of_floats_for_an_integer_box_is_checked_as_an_array_would_be():
+    """[1.5, 2.0] for an int32 Box raises ObservationError (as np.array([1.5, 2.0]) does), where it
+    was truncated silently; whole floats in a list are taken, as in an array."""
+    from shmvec import ObservationError
+
+    env = ShmVecEnv([functools.partial(misuseenvs.make_list_obs_env, (1.5, 2.0))], n_workers=1, start_method="fork")
+    try:
+        np.testing.assert_array_equal(env.reset(), [[1, 2]])
+        with pytest.raises(ObservationError, match="dtype float64, which does not cast to the space's int32"):
+            env.step(np.zeros(1, dtype=np.int64))
+    finally:
+        env.close()
+    env = ShmVecEnv([functools.partial(misuseenvs.make_list_obs_env, (3.0, -4.0))], n_workers=1, start_method="fork")
+    try:
+        env.reset()
+        obs, *_ = env.step(np.zeros(1, dtype=np.int64))
+        assert obs.dtype == np.int32 and obs.tolist() == [[3, -4]]
+    finally:
+        env.close()
