@@ -5,16 +5,16 @@ the *parent* is.  Every front-end call checks it once (:meth:`Status.check_usabl
 short way reads ``status.state is IDLE``); every change goes through :meth:`Status.enter` or
 :meth:`Status.fail`, against the table below.
 
-States::
+States (a step goes left to right; reset, rare calls and the pool start and end in IDLE)::
 
-    STARTING ──────────────> IDLE <─────────────────────── DONE
-       │                     │  ^                            ^
-       │                     │  └─ reset, rare calls, pool ─┐│
-       │                     v  (synchronous: IDLE again)   ││
-       │                   POSTED ──> COLLECTING ──> CONSUMED─┘
-       │                     │            │              │
-       v                     v            v              v
-    CLOSED <──────────── BROKEN <──── (any failure) ─────┘
+    STARTING ──> IDLE ──> POSTED ──> COLLECTING ──> CONSUMED ──> DONE ──> IDLE
+                            ^ │          │  │                      ^
+                            │ │          │  └─────────────────────>│ (nothing came by pipe)
+                            │ └──────────┼─────────────────────────┘ (restart mode)
+                            └────────────┘ (an interrupt while reading: read again later)
+
+    any state but CLOSED and FORKED ──(a failure)──> BROKEN;   any state ──close()──> CLOSED;
+    in a child of os.fork(), every engine of the parent ──> FORKED
 
 - ``STARTING``: the constructor launches the workers and runs the two handshakes.
 - ``IDLE``: nothing in flight; any call may start.
