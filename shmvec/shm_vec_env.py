@@ -195,8 +195,12 @@ class ShmVecEnv(Uncopyable, VecEnv):
     def step_async(self, actions: np.ndarray) -> None:
         """Writes ``actions`` into shared memory and starts every worker.
 
-        :raises ValueError: the actions do not fit the action space (shape, dtype);
-            ``InvalidActionError`` (a ValueError): NaN or out of range (see ``invalid_actions``).
+        ``actions``: the batched form (an ``(n_envs, ...)`` array per leaf of the action space,
+        nested like it), or a list of ``n_envs`` per-env actions, as ``DummyVecEnv`` takes them.
+
+        :raises ValueError: the actions do not fit the action space (shape, dtype, the number of
+            per-env actions); ``InvalidActionError`` (a ValueError): NaN or out of range (see
+            ``invalid_actions``).
         :raises AlreadyPendingCallError: a step is already in flight.
         """
         self._engine.post_step(actions)
