@@ -87,11 +87,12 @@ class WorkerSet:
     owner_pid: int | None = None  # the process that built them: a forked child never releases them
     sentinels: dict[int, int] = {}  # process sentinel -> worker
 
-    def __init__(self, options: Options, payloads: list[bytes]) -> None:
+    def __init__(self, options: Options, payloads: list[bytes], registrations: bytes | None = None) -> None:
         self.owner_pid = os.getpid()
         self.options = options
         self.slices = options.slices
         self.payloads = payloads  # each worker's pickled factories, kept to restart it
+        self.registrations = registrations  # the env registrations a fresh worker lacks (shmvec._registrations)
         self.processes, self.conns, self.crash_conns = [], [], []
         _LIVE.add(self)
 
@@ -115,7 +116,8 @@ class WorkerSet:
             target=worker_main,
             args=(w, self.slices[w], self.payloads[w], child_conn, crash_writer, os.getpid(), opts.worker_threads,
                   opts.worker_spin_s),
-            kwargs={"affinity": opts.cpu_sets[w], "autoreset": opts.autoreset},
+            kwargs={"affinity": opts.cpu_sets[w], "autoreset": opts.autoreset, "registrations": self.registrations,
+                    "public_name": opts.public_name},
             daemon=True,
             name=f"shmvec-worker-{w}",
         )
