@@ -1,8 +1,9 @@
-"""Checks of the actions' values, run in the parent before anything reaches a worker.
+"""Actions into the shared buffers, checked in the parent before anything reaches a worker.
 
-The shape and dtype of the actions are checked where they are written
-(``ShmVecEnv._write_leaf``); this module checks the values that an env must not
-receive, per leaf of the action space:
+:class:`ActionWriter` takes the batched form (an array per leaf, nested like the space) or, for
+a ``Dict`` or ``Tuple`` action space, a sequence of per-env actions as ``DummyVecEnv`` takes them
+(:func:`is_per_env`), stacked leaf by leaf; it checks each leaf's shape and dtype, then the
+values that an env must not receive:
 
 - ``Box`` of floats: no NaN (``inf`` and values outside the bounds pass: many
   envs clip, and SAC-like policies may step past the bounds on purpose);
@@ -26,6 +27,7 @@ computed once a check has failed.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import numpy as np
@@ -216,6 +218,57 @@ def _squeezed(shape: tuple) -> tuple:
     return tuple(d for d in shape if d != 1)
 
 
+def _shape_of(value: Any) -> tuple | None:
+    try:
+        return np.shape(value)
+    except ValueError:  # a ragged nest of sequences
+        return None
+
+
+def _could_be_batch(space: spaces.Space, value: Any, n_rows: int) -> bool:
+    """Whether ``value`` could be the batch of ``n_rows`` values of ``space`` (one level deep)."""
+    if isinstance(space, spaces.Dict):
+        return isinstance(value, Mapping)
+    if isinstance(space, spaces.Tuple):
+        return isinstance(value, (tuple, list)) and len(value) == len(space.spaces)
+    shape = _shape_of(value)
+    return shape is not None and shape[:1] == (n_rows,) and _squeezed(shape[1:]) == _squeezed(space.shape or ())
+
+
+def is_per_env(space: spaces.Space, actions: Any, n_rows: int) -> bool:
+    """Whether ``actions`` for a ``Dict`` or ``Tuple`` action space is a sequence of per-env actions
+    (``[{"a": ..., "b": ...}, ...]``, a list of tuples: what ``DummyVecEnv`` takes) rather than
+    the batched form, nested like the space (a dict of batches, a tuple of batches).
+
+    A Dict's batched form is a mapping, so any sequence is per-env.  A Tuple's is a sequence of
+    one batch per subspace, so a sequence of another length is per-env.  When the Tuple has as
+    many subspaces as there are rows, and the first item could be one env's action and also the
+    batch of the first subspace (a pair of Discrete actions for two envs), a list is read as
+    per-env actions and a tuple as the batched form (Gymnasium's batched Tuple value is a tuple).
+    """
+    if isinstance(space, spaces.Dict):
+        return not isinstance(actions, Mapping) and hasattr(actions, "__len__")
+    if not isinstance(space, spaces.Tuple) or isinstance(actions, Mapping) or not hasattr(actions, "__len__"):
+        return False
+    n_subspaces = len(space.spaces)
+    if len(actions) != n_subspaces:
+        return True
+    if len(actions) != n_rows or n_rows == 0:
+        return False
+    first = actions[0]
+    one_action = isinstance(first, (tuple, list)) and len(first) == n_subspaces
+    return one_action and (type(actions) is list or not _could_be_batch(space.spaces[0], first, n_rows))
+
+
+def _count_error(space: spaces.Space, n_actions: int, n_rows: int, rows: str) -> ValueError:
+    batched = ("a dict of batches, one per key" if isinstance(space, spaces.Dict)
+               else f"a tuple of {len(space.spaces)} batches, one per subspace")
+    return ValueError(
+        f"got {n_actions} per-env actions for {n_rows} {rows}: pass one action per {rows[:-1]}, in a list of "
+        f"{n_rows}, or the batched form ({batched})"
+    )
+
+
 class ActionWriter:
     """Writes a batch of actions into the shared action buffers, checking it once on the way.
 
@@ -223,13 +276,20 @@ class ActionWriter:
     the shared arrays by leaf path.  The usual batch (an ndarray of the right shape and dtype
     whose values pass the check) is checked and copied in one C call; anything else is reshaped
     (one row per env), cast where that is exact, checked (NaN, out of range: ``policy``), copied.
+    A ``Dict`` or ``Tuple`` action space takes the batched form (nested like the space) or a
+    sequence of per-env actions (:func:`is_per_env`), stacked leaf by leaf.
     """
 
     def __init__(self, action_space: spaces.Space, leaves: list, buffers: Any, n_envs: int, policy: str) -> None:
+        self.space = action_space
         self.leaves = list(leaves)
         self.buffers = buffers
         self.n_envs = n_envs
         paths = [leaf.path for leaf in self.leaves]
+        self.root = len(self.leaves) == 1 and paths[0] == ()  # the space is one leaf (a Box, Discrete, ...)
+        # The usual batched form's type: a dict for a Dict space, a tuple for a Tuple space.
+        self.batch_type = dict if isinstance(action_space, spaces.Dict) else tuple
+        self.n_subspaces = len(action_space.spaces) if isinstance(action_space, spaces.Tuple) else 0
         self.checks = make_action_checks(action_space, paths, policy)
         self.fast = make_fast_copies(action_space, paths, policy)
         # One action leaf whose batch copy_actions checks and copies in one C call: (buffer, *args).
@@ -242,16 +302,79 @@ class ActionWriter:
         self.buffers = self.single = None
 
     def write(self, actions: Any) -> None:
-        """:raises ValueError: the actions do not fit the space (shape, dtype); ``InvalidActionError``
-        (a ValueError): NaN or out of range, naming the envs (``invalid_actions="raise"``)."""
-        if len(self.leaves) == 1 and self.leaves[0].path == ():
+        """:raises ValueError: the actions do not fit the space (shape, dtype, the number of per-env
+        actions); ``InvalidActionError`` (a ValueError): NaN or out of range, naming the envs
+        (``invalid_actions="raise"``)."""
+        if self.root:
             self._write_leaf(self.leaves[0], actions)
+            return
+        if not self._usual_batch(actions, self.n_envs) and is_per_env(self.space, actions, self.n_envs):
+            for leaf, column in zip(self.leaves, self._columns(actions, self.n_envs, "envs")):
+                self._write_leaf(leaf, column)
             return
         for leaf in self.leaves:
             value = actions
-            for key in leaf.path:
-                value = value[key]
+            try:
+                for key in leaf.path:
+                    value = value[key]
+            except (KeyError, IndexError, TypeError):
+                raise self._no_batch(actions, leaf.path, self.n_envs) from None
             self._write_leaf(leaf, value)
+
+    def leaf_values(self, actions: Any, n_rows: int, rows: str = "envs") -> list:
+        """Each leaf's batch in ``actions``, in the order of :attr:`leaves`: taken from the batched
+        form, or gathered from ``n_rows`` per-env actions (a list per leaf, stacked by the caller).
+
+        :raises ValueError: per-env actions that are not ``n_rows``, or lack a key or item of the
+            space; ``rows`` names what the rows are ("envs", "env ids").
+        """
+        if self.root:
+            return [actions]
+        if not self._usual_batch(actions, n_rows) and is_per_env(self.space, actions, n_rows):
+            return self._columns(actions, n_rows, rows)
+        out = []
+        for leaf in self.leaves:
+            value = actions
+            try:
+                for key in leaf.path:
+                    value = value[key]
+            except (KeyError, IndexError, TypeError):
+                raise self._no_batch(actions, leaf.path, n_rows) from None
+            out.append(value)
+        return out
+
+    def _usual_batch(self, actions: Any, n_rows: int) -> bool:
+        """The usual batched form, known at once: a dict for a Dict space, a tuple of one batch
+        per subspace for a Tuple space (of another length than ``n_rows``)."""
+        kind = type(actions)
+        return kind is self.batch_type and (kind is dict or len(actions) == self.n_subspaces != n_rows)
+
+    def _columns(self, actions: Any, n_rows: int, rows: str) -> list[list]:
+        """Per leaf, the list of each env's value in the per-env ``actions``."""
+        if len(actions) != n_rows:
+            raise _count_error(self.space, len(actions), n_rows, rows)
+        columns = []
+        for leaf in self.leaves:
+            column = []
+            for k, action in enumerate(actions):
+                value = action
+                try:
+                    for key in leaf.path:
+                        value = value[key]
+                except (KeyError, IndexError, TypeError):
+                    raise ValueError(
+                        f"actions[{k}] has no value at {_where(leaf.path)} ({type(action).__name__} {action!r}): "
+                        f"each per-env action is one action of the space {self.space}"
+                    ) from None
+                column.append(value)
+            columns.append(column)
+        return columns
+
+    def _no_batch(self, actions: Any, path: tuple, n_rows: int) -> ValueError:
+        return ValueError(
+            f"actions ({type(actions).__name__}) have no batch at {_where(path)}: for the action space {self.space}, "
+            f"pass the batched form, nested like the space, or a list of {n_rows} per-env actions"
+        )
 
     def _write_leaf(self, leaf: Any, value: Any) -> None:
         # No local name for a view of the buffers: the traceback of an exception raised here
@@ -259,17 +382,12 @@ class ActionWriter:
         fast = self.fast.get(leaf.path)
         if fast is not None and copy_actions(value, self.buffers[leaf.path], *fast):
             return  # an ndarray of the right shape and dtype whose values pass the check
-        arr = np.asarray(value)
-        shape = (self.n_envs, *leaf.shape)
-        if arr.shape != shape:
-            rows = rows_reshaped(arr, self.n_envs, leaf.shape)
-            if rows is None:
-                where = "".join(f"[{k!r}]" for k in leaf.path)
-                raise ValueError(
-                    f"actions{where} have shape {arr.shape}; expected {shape} "
-                    f"(n_envs={self.n_envs} x the action space's {leaf.shape}; one row per env, first)"
-                )
-            arr = rows
+        try:
+            arr = np.asarray(value)
+        except ValueError:  # per-env values of different shapes
+            raise stack_error(value, leaf, self.n_envs) from None
+        if arr.shape != (self.n_envs, *leaf.shape):
+            arr = as_rows(arr, value, leaf, self.n_envs)
         if arr.dtype != leaf.dtype and (leaf.dtype.kind in "iu" or not np.can_cast(arr.dtype, leaf.dtype, "same_kind")):
             exact = exact_integers(arr, leaf.dtype)  # whole floats, as SB3 sends MultiBinary actions
             if exact is None:
@@ -283,3 +401,41 @@ class ActionWriter:
         if check is not None:
             check(arr)  # NaN, out of range: raises InvalidActionError (or warns) naming the envs
         np.copyto(self.buffers[leaf.path], arr, casting="unsafe")
+
+
+def batch_array(value: Any, leaf: Any, n_rows: int, rows: str = "envs") -> np.ndarray:
+    """``value``, one leaf's batch (an array, or a list of per-env values), as an array of shape
+    ``(n_rows, *leaf.shape)``.
+
+    :raises ValueError: it does not have one row per env (naming the count of a list), or its
+        per-env values do not stack (naming the first one of another shape).
+    """
+    try:
+        arr = np.asarray(value)
+    except ValueError:  # per-env values of different shapes
+        raise stack_error(value, leaf, n_rows) from None
+    return arr if arr.shape == (n_rows, *leaf.shape) else as_rows(arr, value, leaf, n_rows, rows)
+
+
+def stack_error(value: Any, leaf: Any, n_rows: int) -> ValueError:
+    """The error for per-env values of one leaf that numpy cannot stack, naming the first of another shape."""
+    where = _where(leaf.path)
+    bad = next((k for k, v in enumerate(value) if _shape_of(v) != tuple(leaf.shape)), None)
+    got = "" if bad is None else f": actions[{bad}]{where} has shape {_shape_of(value[bad])}"
+    return ValueError(f"the per-env actions{where} do not stack into a batch of shape {(n_rows, *leaf.shape)}{got}, "
+                      f"the action space's is {tuple(leaf.shape)}")
+
+
+def as_rows(arr: np.ndarray, value: Any, leaf: Any, n_rows: int, rows: str = "envs") -> np.ndarray:
+    """``arr`` (``value`` as an array) reshaped to one row per env (:func:`rows_reshaped`), or the
+    error that names the shapes, and the count of a list of per-env actions."""
+    reshaped = rows_reshaped(arr, n_rows, leaf.shape)
+    if reshaped is not None:
+        return reshaped
+    count = ""
+    if isinstance(value, (list, tuple)) and len(value) != n_rows:
+        count = f"; got a list of {len(value)} per-env actions for {n_rows} {rows}"
+    raise ValueError(
+        f"actions{_where(leaf.path)} have shape {arr.shape}; expected {(n_rows, *leaf.shape)} "
+        f"({n_rows} {rows} x the action space's {leaf.shape}; one row per {rows[:-1]}, first{count})"
+    )

@@ -19,7 +19,8 @@ Gymnasium batching, no seeds policy.
 Start-up: the workers are launched in parallel; handshake 1 gets each one's spaces (no env is
 ever built in the parent), the block is laid out (:mod:`shmvec._layout`) and created; handshake
 2 has every worker attach, then the block's name is unlinked, so that no segment outlives a
-killed parent.
+killed parent.  Each worker registers the parent's env registrations it lacks before it builds its
+envs (:mod:`shmvec._registrations`; spawn and forkserver only).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from shmvec._layout import make_gather, scalar_float_box
 from shmvec._machine import set_forkserver_preload
 from shmvec._options import Options
 from shmvec._pickling import pickle_factories
+from shmvec._registrations import pack_registrations
 from shmvec._restarts import Restarts
 from shmvec._state import COLLECTING, CONSUMED, DONE, IDLE, POSTED, Status, record
 from shmvec._sync import current_cpu
@@ -99,7 +101,8 @@ class Engine:
         self.masks_live = opts.action_masks is True  # workers write masks (None: from the first ask)
         self._batch_dict = batch_dict  # a Dict observation batch: OrderedDict (SB3) or dict (Gymnasium)
         payloads = [pickle_factories(env_fns, sl) for sl in self.slices]
-        self.workers = workers = WorkerSet(opts, payloads)
+        self.registrations = pack_registrations(opts.start_method)  # the env ids a fresh worker lacks
+        self.workers = workers = WorkerSet(opts, payloads, self.registrations.data)
         self._finalizer = weakref.finalize(self, workers.release)
         self.channel = Channel(workers, status, self.seqs, max(opts.timeout, START_TIMEOUT_FLOOR_S)
                                if opts.timeout is not None else None)
@@ -121,7 +124,7 @@ class Engine:
     def _start(self) -> None:
         workers, n = self.workers, self.n_workers
         assert workers is not None
-        layout, metadata = workers.start(self.channel, self.masks_live)
+        layout, metadata = workers.start(self.channel, self.masks_live, self.registrations.left_out)
         obs_space, act_space = layout.observation_space, layout.action_space
         self.words = workers.words
         assert workers.shm is not None

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 from shmvec import _protocol as P
@@ -126,6 +125,9 @@ class Options:
 
         :raises TypeError, ValueError: an argument of the wrong type or out of range, naming it.
         """
+        # The factories first: a number there (the order Cls(n, make_env)) is named as such, before
+        # the factory in its place fails the check of n_workers.
+        env_fns = F.factory_list(env_fns, public_name, second=n_workers)
         given = dict(n_workers=n_workers, start_method=start_method, copy=copy, worker_threads=worker_threads,
                      timeout=timeout, spin_us=spin_us, mailbox_bytes=mailbox_bytes, on_failure=on_failure,
                      max_restarts=max_restarts, invalid_actions=invalid_actions, envs_per_worker=envs_per_worker,
@@ -149,16 +151,7 @@ class Options:
             given["timeout"] = timeout
         if isinstance(preload, str):
             raise TypeError(f"preload takes a list of module names, e.g. preload=[{preload!r}], not a string")
-        if isinstance(env_fns, gym.Env) or callable(env_fns) or isinstance(env_fns, (str, bytes)):
-            raise TypeError(
-                f"env_fns must be a list of factories, got one {type(env_fns).__name__}: "
-                "ShmVecEnv([make_env] * n_envs), or make_vec_env(env_id, n_envs, vec_env_cls=ShmVecEnv)."
-            )
-        env_fns = list(env_fns)
         n_envs = len(env_fns)
-        if n_envs == 0:
-            raise ValueError("ShmVecEnv needs at least one env factory")
-        F.check_factories(env_fns)
         if envs_per_worker is not None:
             needed = -(-n_envs // envs_per_worker)
             if n_workers is not None and int(n_workers) != needed:

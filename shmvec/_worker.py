@@ -29,9 +29,11 @@ from shmvec._layout import Layout, close_mapping, make_gather, make_scatter
 from shmvec._masks import has_action_masks, write_mask
 from shmvec._pickling import dumps
 from shmvec._pool import PoolServer
+from shmvec._registrations import explain_not_found, register_missing
 from shmvec._rows import publish_step
 from shmvec._segment import FdSegment
 from shmvec._sync import Words, current_cpu
+from shmvec.factories import not_an_env_error
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
                 "VECLIB_MAXIMUM_THREADS")
@@ -91,7 +93,8 @@ def _is_wrapped(env: gym.Env, wrapper_class: type) -> bool:
     return False
 
 
-def _build_envs(env_fns_bytes: bytes, env_range: range, envs: list[gym.Env], at: list[int | None]) -> None:
+def _build_envs(env_fns_bytes: bytes, env_range: range, envs: list[gym.Env], at: list[int | None],
+                public_name: str = "ShmVecEnv") -> None:
     """Builds the slice's envs into ``envs`` (what was built is there if it raises, for closing);
     ``at[0]`` is the env being built or checked."""
     env_fns = cloudpickle.loads(env_fns_bytes)
@@ -100,10 +103,13 @@ def _build_envs(env_fns_bytes: bytes, env_range: range, envs: list[gym.Env], at:
         at[0] = i
         env = fn()
         if not isinstance(env, gym.Env):
-            raise TypeError(
-                f"env_fns[{i}] returned {type(env).__name__}, not a gymnasium.Env. shmvec runs Gymnasium envs; "
-                "wrap an old Gym env with shimmy's compatibility wrappers inside the factory."
-            )
+            error = not_an_env_error(f"env_fns[{i}]", env, public_name)
+            if not isinstance(env, type) and callable(getattr(env, "close", None)):
+                try:  # a vector env's processes, a multi-agent env's simulator
+                    env.close()
+                except Exception:
+                    pass  # the error to report is that it is no gymnasium.Env
+            raise error
         key = id(env.unwrapped)
         if key in seen:
             raise ValueError(
@@ -584,9 +590,12 @@ def _recv(conn: Connection, parent: _ParentWatch) -> Any:
 
 def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connection, crash: Connection,
                 parent_pid: int, threads: int | None, spin: float, affinity: frozenset[int] | None = None,
-                autoreset: str = P.AUTORESET_SAME_STEP) -> None:
+                autoreset: str = P.AUTORESET_SAME_STEP, registrations: bytes | None = None,
+                public_name: str = "ShmVecEnv") -> None:
     """Entry point of a worker process (the target of ``multiprocessing.Process``); ``crash`` is
-    the write end of its crash pipe (shmvec._crash)."""
+    the write end of its crash pipe (shmvec._crash); ``registrations``: the parent's env
+    registrations this process may lack (shmvec._registrations), registered before any factory
+    is unpickled; ``public_name``: the class the user called, named in errors."""
     _crash.install(crash)  # first: a factory's native crash is reported too
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
     try:  # a process group of its own: the parent ends the env's own children with the worker
@@ -601,10 +610,13 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
     try:
         envs: list[gym.Env] = []
         at: list[int | None] = [None]
+        not_loaded: dict[str, str] = {}
         try:
-            _build_envs(env_fns_bytes, env_range, envs, at)
+            not_loaded = register_missing(registrations)  # before any factory is unpickled or called
+            _build_envs(env_fns_bytes, env_range, envs, at, public_name)
             _cap_threads(threads, after_envs=True)
         except BaseException as exc:  # a factory's sys.exit() too: the parent decides what it means
+            explain_not_found(exc, not_loaded)
             conn.send((P.Pipe.ERROR, pack_exception(exc, env_index=at[0], worker=index, command="env construction")))
             for env in envs:
                 try:

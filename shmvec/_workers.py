@@ -37,9 +37,9 @@ from shmvec._errors import ShmVecEnvError, SpaceError, WorkerDiedError, WorkerSt
 from shmvec._layout import Layout, close_mapping
 from shmvec._masks import resolve as resolve_masks
 from shmvec._options import Options
+from shmvec._registrations import explain_not_found
 from shmvec._sync import Words
 from shmvec._worker import worker_main
-from shmvec.factories import explain_construction_error
 
 if TYPE_CHECKING:  # the channel is built over a worker set: no import of it at run time
     from shmvec._channel import Channel
@@ -96,11 +96,12 @@ class WorkerSet:
     sentinels: dict[int, int] = {}  # process sentinel -> worker
     groups: dict[int, int] = {}  # worker -> its process group (its pid), once seen to lead one
 
-    def __init__(self, options: Options, payloads: list[bytes]) -> None:
+    def __init__(self, options: Options, payloads: list[bytes], registrations: bytes | None = None) -> None:
         self.owner_pid = os.getpid()
         self.options = options
         self.slices = options.slices
         self.payloads = payloads  # each worker's pickled factories, kept to restart it
+        self.registrations = registrations  # the env registrations a fresh worker lacks (shmvec._registrations)
         self.processes, self.conns, self.crash_conns = [], [], []
         self.groups = {}
         _LIVE.add(self)
@@ -125,7 +126,8 @@ class WorkerSet:
             target=worker_main,
             args=(w, self.slices[w], self.payloads[w], child_conn, crash_writer, os.getpid(), opts.worker_threads,
                   opts.worker_spin_s),
-            kwargs={"affinity": opts.cpu_sets[w], "autoreset": opts.autoreset},
+            kwargs={"affinity": opts.cpu_sets[w], "autoreset": opts.autoreset, "registrations": self.registrations,
+                    "public_name": opts.public_name},
             daemon=True,
             name=f"shmvec-worker-{w}",
         )
@@ -170,16 +172,17 @@ class WorkerSet:
             except OSError:  # nobody left in it
                 pass
 
-    def start(self, channel: Channel, masks_live: bool) -> tuple[Layout, dict]:
+    def start(self, channel: Channel, masks_live: bool, left_out: Any = None) -> tuple[Layout, dict]:
         """Launches every worker and runs the two handshakes; returns the block's layout and the
-        envs' metadata.  ``channel``: the engine's pipes (their waits are bounded)."""
+        envs' metadata.  ``channel``: the engine's pipes (their waits are bounded); ``left_out``: the
+        registrations that could not be sent (shmvec._registrations), named if an env id is not found."""
         opts, n = self.options, len(self.slices)
         self.launch_all()
         # Handshake 1: every worker reports its spaces (no env is ever built in the parent).
         try:
             hellos = [channel.recv(w, "env construction", START_HINT) for w in range(n)]
         except Exception as exc:
-            explain_construction_error(exc, opts.start_method)
+            explain_not_found(exc, left_out or {})
             raise
         for w, (o, a, *_) in enumerate(hellos):
             for name, space in (("observation_space", o), ("action_space", a)):

@@ -33,7 +33,7 @@ from gymnasium.vector.utils import batch_space
 
 from shmvec import _pool
 from shmvec import _protocol as P
-from shmvec._actions import exact_integers, rows_reshaped
+from shmvec._actions import batch_array, exact_integers
 from shmvec._codec import load_result
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
@@ -494,18 +494,10 @@ class ShmEnvPool(Uncopyable):
     def _write_rows(self, engine: Engine, actions: Any, ids: np.ndarray) -> None:
         # No local name for a view of the block: the traceback of an error raised here (kept by
         # the caller) would keep the mapping open after close().
-        for leaf in engine.actions.leaves:
-            value = actions
-            for key in leaf.path:
-                value = value[key]
-            arr = np.asarray(value)
-            shape = (ids.size, *leaf.shape)
-            if arr.shape != shape:
-                rows = rows_reshaped(arr, ids.size, leaf.shape)
-                if rows is None:
-                    where = "".join(f"[{k!r}]" for k in leaf.path)
-                    raise ValueError(f"actions{where} have shape {arr.shape}; expected {shape} (one row per env id, first)")
-                arr = rows
+        writer = engine.actions
+        # The batched form, or one action per env id (a list of dicts for a Dict space), as ShmVecEnv.
+        for leaf, value in zip(writer.leaves, writer.leaf_values(actions, ids.size, "env ids")):
+            arr = batch_array(value, leaf, ids.size, "env ids")
             if arr.dtype != leaf.dtype and (leaf.dtype.kind in "iu" or not np.can_cast(arr.dtype, leaf.dtype, "same_kind")):
                 exact = exact_integers(arr, leaf.dtype)  # as ShmVecEnv: whole floats, integers that fit
                 if exact is None:

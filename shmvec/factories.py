@@ -8,14 +8,14 @@ wrappers), so an env registered at run time in the user's script is found in ``s
 
 For :class:`shmvec.ShmVecEnv` and the other front-ends:
 
-- :func:`check_factories` refuses, before any worker starts, an ``env_fns`` entry that is an env
-  instance or not callable;
+- :func:`factory_list` and :func:`check_factories` refuse, before any worker starts, ``env_fns``
+  that is not a list of callables (an env instance, a number, an id, a vector env, a PettingZoo
+  env), saying what was passed and what to pass; :func:`not_an_env_error` is a worker's error for
+  a factory that returned something else than a ``gymnasium.Env``;
 - :func:`describe_factory` and :func:`factory_from_description` turn one factory into plain
   (JSON-serializable) data and back.  They live beside :class:`EnvFactory`, whose ``to_dict`` is
   one such description; :mod:`shmvec._describe`, above this module, describes a whole vec env
   (``ShmVecEnv.describe()`` / ``ShmVecEnv.from_description()``);
-- :func:`explain_construction_error` adds a note to a worker's "env not found" error when the
-  id was registered at run time in the parent.
 
 The names users import from here that live elsewhere are re-exported: picklability checks
 (:mod:`shmvec._pickling`), seeds (:mod:`shmvec._seeds`), the forkserver preload
@@ -32,7 +32,7 @@ import dataclasses
 import functools
 import importlib
 import json
-import re
+import numbers
 import sys
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -117,14 +117,19 @@ def _as_ref(obj: str | Callable) -> str | Callable:
     travels by value.
     """
     if isinstance(obj, str):
-        if obj.startswith("__main__:"):
-            found: Any = sys.modules.get("__main__")
-            for part in obj.split(":", 1)[1].split("."):
-                found = getattr(found, part, None)
-            if callable(found):
-                return import_string(found) or found
-        return obj
+        found = main_object(obj)
+        return obj if found is None else import_string(found) or found
     return import_string(obj) or obj
+
+
+def main_object(ref: str) -> Callable | None:
+    """The callable a ``"__main__:Name"`` string names in this process, else None (another string, or no such name)."""
+    if not ref.startswith("__main__:"):
+        return None
+    found: Any = sys.modules.get("__main__")
+    for part in ref.split(":", 1)[1].split("."):
+        found = getattr(found, part, None)
+    return found if callable(found) else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,16 +347,133 @@ def _instance_message(where: str, obj: Any) -> str:
     )
 
 
-def check_factories(env_fns: Sequence[Any]) -> None:
-    """Raises ``TypeError`` for an entry that is an env instance or not callable."""
+def _packages(obj: Any) -> set[str]:
+    """The top-level packages that define ``obj``'s class and its bases (no package is imported)."""
+    return {str(getattr(c, "__module__", "")).split(".")[0] for c in type(obj).__mro__}
+
+
+def mistaken_env_hint(obj: Any, public_name: str) -> str | None:
+    """What ``obj`` is and what to do instead, when it is often taken for a single Gymnasium env
+    (or its factory): a PettingZoo env, a vector env, an env of the old ``gym`` package or of
+    dm_control; None otherwise.  Known by the modules of its class: nothing is imported."""
+    packages = _packages(obj)
+    name = type(obj).__name__
+    if "pettingzoo" in packages:
+        return (
+            f"a PettingZoo multi-agent env ({name}): multi-agent envs are not supported by {public_name} yet, "
+            "which runs single-agent Gymnasium envs. SuperSuit turns a PettingZoo ParallelEnv into a vector env of "
+            "one single-agent env per agent that SB3 takes: "
+            "env = supersuit.pettingzoo_env_to_vec_env_v1(parallel_env); "
+            "env = supersuit.concat_vec_envs_v1(env, n_copies, base_class='stable_baselines3') (an AEC env goes "
+            "through pettingzoo.utils.conversions.aec_to_parallel first)."
+        )
+    if isinstance(obj, gym.vector.VectorEnv) or ("stable_baselines3" in packages and hasattr(obj, "step_async")):
+        n = getattr(obj, "num_envs", None)
+        return (
+            f"a vector env ({name}{f' of {n} envs' if isinstance(n, int) else ''}): {public_name} vectorizes single "
+            "envs itself. Pass factories that each build one env, e.g. [lambda: gym.make('CartPole-v1')] * n_envs "
+            "(for gymnasium.make_vec(id, n): shmvec.make_vec(id, n))."
+        )
+    if "gym" in packages:
+        return (
+            f"an env of the old gym package ({name}): {public_name} runs Gymnasium envs. Convert it inside the factory "
+            "with shimmy (pip install shimmy): shimmy.GymV26CompatibilityV0(env=env), or "
+            "GymV21CompatibilityV0(env=env) for gym < 0.26, or port the env to gymnasium."
+        )
+    if "dm_control" in packages:
+        return (
+            f"a dm_control env ({name}): {public_name} runs Gymnasium envs. Convert it inside the factory with shimmy "
+            "(pip install shimmy): shimmy.DmControlCompatibilityV0(env)."
+        )
+    return None
+
+
+def not_an_env_error(where: str, obj: Any, public_name: str) -> TypeError:
+    """The error for ``obj``, returned by the factory ``where`` (``"env_fns[3]"``) in place of a
+    ``gymnasium.Env``, with the hint that fits it."""
+    hint = mistaken_env_hint(obj, public_name)
+    if hint is not None:
+        return TypeError(f"{where} returned {hint}")
+    if obj is None:
+        return TypeError(f"{where} returned None, not a gymnasium.Env: does the factory `return` the env it builds?")
+    if isinstance(obj, type) and issubclass(obj, gym.Env):
+        return TypeError(
+            f"{where} returned the class {obj.__name__} itself, not an env: the factory must call it "
+            f"(lambda: {obj.__name__}(), or pass the class itself as the factory).")
+    return TypeError(
+        f"{where} returned a value of type {type(obj).__name__}, not a gymnasium.Env: each factory must return a new "
+        "env, an instance of a gymnasium.Env subclass (e.g. gym.make('CartPole-v1'))."
+    )
+
+
+def _not_a_factory(where: str, obj: Any, public_name: str) -> str:
+    """Why ``obj``, found where a factory (or the list of them) was expected, is not one, in the user's words."""
+    if isinstance(obj, gym.Env):
+        return _instance_message(where, obj)
+    hint = mistaken_env_hint(obj, public_name)
+    if hint is not None:
+        return f"{where} is {hint}"
+    if isinstance(obj, str):
+        whole = (f"SB3's make_vec_env({obj!r}, n_envs, vec_env_cls={public_name})" if "VecEnv" in public_name
+                 else f"shmvec.make_vec({obj!r}, n_envs)")
+        return (
+            f"{where} is the string {obj!r}, not a factory: pass a callable that builds the env, e.g. "
+            f"[shmvec.make_env({obj!r})] * n_envs (or {whole})."
+        )
+    if isinstance(obj, numbers.Number):
+        return (
+            f"{where} is the number {obj!r}, not a factory: {public_name} takes one callable per env, "
+            "e.g. [lambda: gym.make('CartPole-v1')] * n_envs or [shmvec.make_env('CartPole-v1')] * n_envs."
+        )
+    return (
+        f"{where} is {type(obj).__name__}, not a callable: pass callables that each return a new env, "
+        "e.g. [lambda: gym.make('CartPole-v1')] * n or [shmvec.make_env('CartPole-v1')] * n."
+    )
+
+
+def factory_list(env_fns: Any, public_name: str = "ShmVecEnv", second: Any = None) -> list:
+    """``env_fns`` as a list of factories, each checked (:func:`check_factories`).
+
+    :param second: the constructor's second positional argument, to recognise the order
+        ``Cls(n_envs, factory)`` (TorchRL's) in the error for a number.
+    :raises TypeError: ``env_fns`` is not a sequence of callables; the message says what was
+        passed and what to pass instead.
+    :raises ValueError: ``env_fns`` is empty.
+    """
+    def usage(n: Any = "n_envs") -> str:
+        whole = (f"SB3's make_vec_env(env_id, n_envs={n}, vec_env_cls={public_name})" if "VecEnv" in public_name
+                 else f"shmvec.make_vec(env_id, {n})")
+        return f"{public_name}([make_env] * {n}), or {whole}"
+
+    if isinstance(env_fns, numbers.Number) and not isinstance(env_fns, bool):
+        order = ""
+        if callable(second):
+            order = f" (the order of TorchRL's ParallelEnv(n, make_env); {public_name} takes the factories first)"
+        raise TypeError(
+            f"env_fns is the number {env_fns!r}, where {public_name} takes a list of env factories{order}: "
+            f"{usage(env_fns)}."
+        )
+    if isinstance(env_fns, (gym.Env, str)):
+        raise TypeError(_not_a_factory("env_fns", env_fns, public_name))
+    if callable(env_fns) or isinstance(env_fns, bytes):
+        raise TypeError(f"env_fns must be a list of factories, got one {type(env_fns).__name__}: {usage()}.")
+    try:
+        out = list(env_fns)
+    except TypeError:
+        hint = mistaken_env_hint(env_fns, public_name)
+        raise TypeError(f"env_fns is {hint}" if hint is not None else
+                        f"env_fns ({type(env_fns).__name__}) is not a list of factories: {usage()}.") from None
+    if not out:
+        raise ValueError(f"{public_name} needs at least one env factory")
+    check_factories(out, public_name)
+    return out
+
+
+def check_factories(env_fns: Sequence[Any], public_name: str = "ShmVecEnv") -> None:
+    """Raises ``TypeError`` for an entry that is an env instance or not callable, saying what it is."""
     for i, fn in enumerate(env_fns):
-        if isinstance(fn, gym.Env):
-            raise TypeError(_instance_message(f"env_fns[{i}]", fn))
-        if not callable(fn):
-            raise TypeError(
-                f"env_fns[{i}] is {type(fn).__name__}, not a callable: pass callables that each return a new env, "
-                "e.g. [lambda: gym.make('CartPole-v1')] * n or [shmvec.make_env('CartPole-v1')] * n."
-            )
+        if isinstance(fn, gym.Env) or not callable(fn):
+            raise TypeError(_not_a_factory(f"env_fns[{i}]", fn, public_name))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,49 +593,3 @@ def factory_from_description(d: Mapping[str, Any]) -> Callable[[], gym.Env]:
         )
         return captured.env_fns[0]  # type: ignore[attr-defined]
     raise DescriptionError(f"unknown factory description type {kind!r} in {dict(d)!r}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Explaining a worker's construction error
-# ---------------------------------------------------------------------------------------------
-
-def explain_construction_error(exc: BaseException, start_method: str) -> None:
-    """Adds a note to a worker's "env not found" error when the parent knows the id (registered at run time)."""
-    if start_method == "fork":
-        return
-    not_found = (gym.error.NameNotFound, gym.error.NamespaceNotFound, gym.error.VersionNotFound)
-    text = str(exc)
-    if not (isinstance(exc, not_found) or (isinstance(exc, gym.error.Error) and "No registered env" in text)):
-        return
-    # The id the worker asked for, as Gymnasium's messages name it ("Environment `X` doesn't exist",
-    # "Namespace X not found"): a note only if this process knows it, so a typo gets none.
-    known = [env_id for env_id, spec in gym.registry.items() if _asked_for(text, spec)]
-    if not known:
-        return
-    where = f" ({', '.join(repr(k) for k in known)} is registered in this process)"
-    exc.add_note(
-        f"shmvec: a {start_method!r} worker is a fresh interpreter: it did not run the gymnasium.register() of your "
-        f"script{where}. Use shmvec.make_env(env_id) as the factory (it carries the resolved EnvSpec to the "
-        "worker; with SB3: make_vec_env(shmvec.make_env(env_id), ...)), or register the env in an importable module and use the id 'module:EnvName-v0'."
-    )
-
-
-def _asked_for(text: str, spec: gym.envs.registration.EnvSpec) -> bool:
-    """Whether Gymnasium's "not found" message ``text`` is about the registered ``spec``: the
-    id the worker asked for, as its messages name it."""
-    for pattern, fields in (
-        (r"Environment version `v(\d+)` for environment `([^`]+)` doesn't exist", ("version", "name")),
-        (r"Environment `([^`]+)` doesn't exist in namespace (\S+?)\.", ("name", "namespace")),
-        (r"Environment `([^`]+)` doesn't exist", ("name",)),
-        (r"Namespace (\S+) not found", ("namespace",)),
-    ):
-        found = re.search(pattern, text)
-        if found is None:
-            continue
-        asked = dict(zip(fields, found.groups()))
-        if "name" in asked and "/" in asked["name"]:
-            asked["namespace"], asked["name"] = asked["name"].rsplit("/", 1)
-        elif fields == ("name",):
-            asked["namespace"] = "None"  # no namespace named: the id has none
-        return all(str(getattr(spec, key)) == value for key, value in asked.items())
-    return False

@@ -38,8 +38,8 @@ class ShmVecEnv(Uncopyable, VecEnv):
         env = make_vec_env("CartPole-v1", n_envs=64, vec_env_cls=ShmVecEnv)
 
     :param env_fns: callables that each build a new ``gymnasium.Env``; lambdas and closures are
-        fine (they are sent with cloudpickle).  For an env registered at run time, use
-        ``shmvec.make_env(env_id)``: it carries the resolved spec to spawned workers.
+        fine (they are sent with cloudpickle).  An env registered at run time in the script
+        (``gym.register``) is registered in spawn and forkserver workers too.
     :param n_workers: worker processes; each steps a contiguous slice of the envs.  Default: the
         number of cores this process may use, at most ``len(env_fns)``.
     :param start_method: ``"fork"``, ``"forkserver"`` or ``"spawn"``; default as SB3 (forkserver
@@ -196,8 +196,12 @@ class ShmVecEnv(Uncopyable, VecEnv):
     def step_async(self, actions: np.ndarray) -> None:
         """Writes ``actions`` into shared memory and starts every worker.
 
-        :raises ValueError: the actions do not fit the action space (shape, dtype);
-            ``InvalidActionError`` (a ValueError): NaN or out of range (see ``invalid_actions``).
+        ``actions``: the batched form (an ``(n_envs, ...)`` array per leaf of the action space,
+        nested like it), or a list of ``n_envs`` per-env actions, as ``DummyVecEnv`` takes them.
+
+        :raises ValueError: the actions do not fit the action space (shape, dtype, the number of
+            per-env actions); ``InvalidActionError`` (a ValueError): NaN or out of range (see
+            ``invalid_actions``).
         :raises AlreadyPendingCallError: a step is already in flight.
         """
         self._engine.post_step(actions)

@@ -115,3 +115,46 @@ IMPORTED_IN_PID = os.getpid()
 def make_probe_4() -> gym.Env:
     """A module-level factory without arguments (described by its import string)."""
     return ProbeEnv(4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Factories that return something else than a Gymnasium env (the errors say what to do)
+# ---------------------------------------------------------------------------------------------
+
+class ParallelEnv:
+    """Stands in for PettingZoo's ``ParallelEnv`` (not installed): shmvec knows it by its module."""
+
+    __module__ = "pettingzoo.utils.env"
+
+
+class UserParallelEnv(ParallelEnv):
+    """A user's multi-agent env, a subclass of PettingZoo's ParallelEnv, in the user's module."""
+
+    __module__ = __name__
+    possible_agents = ["a", "b"]
+
+
+class OldGymEnv:
+    """Stands in for an env of the old ``gym`` package (``gym.core.Env``)."""
+
+    __module__ = "gym.core"
+
+
+def make_parallel_env() -> UserParallelEnv:
+    return UserParallelEnv()
+
+
+def make_old_gym_env() -> OldGymEnv:
+    return OldGymEnv()
+
+
+def make_vector_env() -> gym.vector.VectorEnv:
+    return gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+
+
+def make_nothing() -> None:
+    ProbeEnv()  # built, but not returned
+
+
+def make_probe_class() -> type:
+    return ProbeEnv

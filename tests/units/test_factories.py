@@ -233,9 +233,8 @@ def test_env_registered_at_run_time_in_main_works_under_spawn_and_forkserver(tmp
     # SB3: the spawned worker raises NameNotFound (printed on its stderr); the parent sees a dead pipe.
     assert "error" in result["sb3_lambda"], result
     assert "NameNotFound" in proc.stderr
-    # shmvec with the same lambda: the worker's NameNotFound, re-raised, with a note saying what to do.
-    assert result["shm_lambda"]["error"] == "NameNotFound", result
-    assert any("shmvec.make_env" in note and "RuntimeRegistered-v0" in note and "make_vec_env" in note for note in result["shm_lambda"]["notes"])
+    # shmvec with the same lambda: the parent's registrations reach the workers (test_registration.py).
+    assert result["shm_lambda"] == {"ok": 2}, result
     # shmvec.make_env carries the resolved spec: it works.
     assert result["shm_make_env_spawn"] == {"ok": 2}, result
     assert result["shm_make_env_forkserver"] == {"ok": 3}, result
@@ -861,23 +860,20 @@ def test_a_factory_that_raises_is_named_by_its_env_index_and_its_sys_exit_is_an_
 
 
 def test_a_typo_in_an_env_id_gets_no_note_about_registering_in_the_script():
-    """The make_env note is for ids registered in this process only: a misspelt id is a typo
-    (Gymnasium's own "Did you mean" says so), not a registration the worker missed."""
-    from shmvec.factories import explain_construction_error
+    """The note is for ids registered in this process whose registration did not reach the
+    worker only: a misspelt id is a typo (Gymnasium's own "Did you mean" says so)."""
+    from shmvec._registrations import explain_not_found
 
+    not_sent = {"ShmvecTypoCheck-v0": "could not be pickled (TypeError: cannot pickle '_thread.lock' object)"}
     typo = gym.error.NameNotFound("Environment `CartPoel` doesn't exist. Did you mean: `CartPole`?")
-    explain_construction_error(typo, "spawn")
+    explain_not_found(typo, not_sent)
     assert not getattr(typo, "__notes__", [])
-    gym.register(id="ShmvecTypoCheck-v0", entry_point="testenvs:SpacesEnv")
-    try:
-        missed = gym.error.NameNotFound("Environment `ShmvecTypoCheck` doesn't exist.")
-        explain_construction_error(missed, "spawn")
-        assert "'ShmvecTypoCheck-v0' is registered in this process" in missed.__notes__[0]
-        explain_construction_error(missed := gym.error.NameNotFound("Environment `ShmvecTypoCheck` doesn't exist."),
-                                   "fork")
-        assert not getattr(missed, "__notes__", [])  # fork workers inherit the registry
-    finally:
-        del gym.registry["ShmvecTypoCheck-v0"]
+    missed = gym.error.NameNotFound("Environment `ShmvecTypoCheck` doesn't exist.")
+    explain_not_found(missed, not_sent)
+    assert "'ShmvecTypoCheck-v0' is registered in the parent process" in missed.__notes__[0]
+    assert "could not be pickled (TypeError" in missed.__notes__[0] and "kwargs" in missed.__notes__[0]
+    explain_not_found(missed := gym.error.NameNotFound("Environment `ShmvecTypoCheck` doesn't exist."), {})
+    assert not getattr(missed, "__notes__", [])  # every registration was sent (or fork: none needed)
 
 
 @pytest.mark.parametrize("env_id, message", [
@@ -887,16 +883,12 @@ def test_a_typo_in_an_env_id_gets_no_note_about_registering_in_the_script():
     ("shmvecns/Probe-v0", "Namespace shmvecns not found. Have you installed the proper package for shmvecns?"),
 ])
 def test_the_register_note_names_a_new_version_or_a_namespaced_id(env_id, message):
-    from shmvec.factories import explain_construction_error
+    from shmvec._registrations import explain_not_found
 
-    gym.register(id=env_id, entry_point="testenvs:SpacesEnv")
-    try:
-        cls = gym.error.VersionNotFound if "version" in message else gym.error.NameNotFound
-        exc = cls(message)
-        explain_construction_error(exc, "forkserver")
-        assert f"{env_id!r} is registered in this process" in exc.__notes__[0]
-    finally:
-        del gym.registry[env_id]
+    cls = gym.error.VersionNotFound if "version" in message else gym.error.NameNotFound
+    exc = cls(message)
+    explain_not_found(exc, {env_id: "could not be unpickled in the worker (ModuleNotFoundError: No module named 'x')"})
+    assert f"{env_id!r} is registered in the parent process" in exc.__notes__[0]
 
 
 def _build_in_daemon() -> str:
@@ -916,3 +908,82 @@ def test_a_vec_env_built_in_a_daemonic_process_says_what_to_do():
     with mp.get_context("fork").Pool(1) as pool:
         got = pool.apply(_build_in_daemon)
     assert got.startswith("ShmVecEnvError") and "DummyVecEnv" in got and "daemon=False" in got, got
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors in the user's words: what was passed, and the fix that fits it
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, says", [
+    ((4,), ["env_fns is the number 4", "ShmVecEnv([make_env] * 4)", "SB3's make_vec_env(env_id, n_envs=4"]),
+    ((4, testenvs.make_cartpole), ["env_fns is the number 4",
+                                   "TorchRL's ParallelEnv(n, make_env); ShmVecEnv takes the factories first",
+                                   "ShmVecEnv([make_env] * 4)"]),
+    (([3, 3],), ["env_fns[0] is the number 3, not a factory", "one callable per env"]),
+    (("CartPole-v1",), ["env_fns is the string 'CartPole-v1'", "[shmvec.make_env('CartPole-v1')] * n_envs"]),
+    ((["CartPole-v1"] * 2,), ["env_fns[0] is the string 'CartPole-v1'", "[shmvec.make_env('CartPole-v1')] * n_envs",
+                              "make_vec_env('CartPole-v1'"]),
+    (([gym.make("CartPole-v1")] * 2,), ["env_fns[0] is a", "instance, not a factory", "not [env] * n"]),
+    ((gym.make("CartPole-v1"),), ["env_fns is a", "instance, not a factory", "not [env] * n"]),
+    ((testenvs.make_cartpole,), ["env_fns must be a list of factories, got one function", "[make_env] * n_envs"]),
+    ((factory_envs.make_parallel_env(),), ["PettingZoo multi-agent env (UserParallelEnv)",
+                                           "not supported by ShmVecEnv yet", "supersuit.pettingzoo_env_to_vec_env_v1",
+                                           "concat_vec_envs_v1"]),
+    (([factory_envs.make_parallel_env()] * 2,), ["env_fns[0] is a PettingZoo multi-agent env", "SuperSuit"]),
+    ((factory_envs.make_vector_env(),), ["env_fns is a vector env (SyncVectorEnv of 2 envs)",
+                                         "factories that each build one env", "shmvec.make_vec(id, n)"]),
+    ((object(),), ["env_fns (object) is not a list of factories", "ShmVecEnv([make_env] * n_envs)"]),
+], ids=["number", "torchrl-order", "numbers", "id", "ids", "instances", "instance", "one-factory", "pettingzoo",
+        "pettingzoos", "vector-env", "object"])
+def test_constructor_errors_name_what_was_passed_and_the_fix(args, says):
+    with pytest.raises(TypeError) as info:
+        ShmVecEnv(*args)
+    text = str(info.value)
+    for phrase in says:
+        assert phrase in text, text
+    assert "shimmy" not in text and "VecCore" not in text, text
+    for arg in args:  # the vector env built for the case
+        if isinstance(arg, gym.vector.VectorEnv):
+            arg.close()
+
+
+def test_an_empty_list_of_factories_names_the_class():
+    with pytest.raises(ValueError, match="ShmVecEnv needs at least one env factory"):
+        ShmVecEnv([])
+
+
+@pytest.mark.parametrize("factory, says, not_says", [
+    (factory_envs.make_parallel_env, ["env_fns[1] returned a PettingZoo multi-agent env (UserParallelEnv)",
+                                      "multi-agent envs are not supported by ShmVecEnv yet",
+                                      "supersuit.concat_vec_envs_v1(env, n_copies, base_class='stable_baselines3')",
+                                      "aec_to_parallel"], ["shimmy"]),
+    (factory_envs.make_vector_env, ["env_fns[1] returned a vector env (SyncVectorEnv of 2 envs)",
+                                    "factories that each build one env", "shmvec.make_vec(id, n)"], ["shimmy"]),
+    (factory_envs.make_old_gym_env, ["env_fns[1] returned an env of the old gym package (OldGymEnv)",
+                                     "shimmy.GymV26CompatibilityV0(env=env)"], []),
+    (factory_envs.make_nothing, ["env_fns[1] returned None", "`return` the env"], ["shimmy"]),
+    (factory_envs.make_probe_class, ["env_fns[1] returned the class ProbeEnv itself", "lambda: ProbeEnv()"],
+     ["shimmy"]),
+    (functools.partial(int, 3), ["env_fns[1] returned a value of type int, not a gymnasium.Env",
+                                 "gym.make('CartPole-v1')"], ["shimmy"]),
+], ids=["pettingzoo", "vector-env", "old-gym", "none", "class", "int"])
+def test_a_factory_that_returns_no_gymnasium_env_gets_the_hint_that_fits(factory, says, not_says):
+    """The worker names the class the user called and what the factory returned (was: a hint about
+    shimmy for anything that is not a gymnasium.Env)."""
+    with pytest.raises(TypeError) as info:
+        ShmVecEnv([factory_envs.make_probe, factory], n_workers=1, start_method="fork")
+    text = str(info.value)
+    for phrase in says:
+        assert phrase in text, text
+    for phrase in not_says:
+        assert phrase not in text, text
+
+
+def test_the_hints_name_the_gymnasium_face_and_its_own_way():
+    from shmvec import ShmVectorEnv
+
+    with pytest.raises(TypeError, match="not supported by ShmVectorEnv yet"):
+        ShmVectorEnv([factory_envs.make_parallel_env] * 2, n_workers=1, start_method="fork")
+    with pytest.raises(TypeError) as info:
+        ShmVectorEnv(["CartPole-v1"] * 2)
+    assert "[shmvec.make_env('CartPole-v1')] * n_envs (or shmvec.make_vec('CartPole-v1', n_envs))" in str(info.value)

@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("protocol", ["shmvec._protocol", "shmvec._errors", "shmvec._copyguard", "shmvec._crash", "shmvec._segment"]),
     ("values", ["shmvec._actions", "shmvec._layout", "shmvec._masks"]),
     ("factories", ["shmvec._pickling", "shmvec._seeds", "shmvec._machine", "shmvec._describe", "shmvec.factories",
-                   "shmvec._options"]),
+                   "shmvec._registrations", "shmvec._options"]),
     ("worker", ["shmvec._worker", "shmvec._pool"]),
     ("engine parts", ["shmvec._state", "shmvec._workers", "shmvec._channel", "shmvec._restarts", "shmvec._engine"]),
     ("front-ends", ["shmvec.shm_vec_env", "shmvec.shm_vector_env", "shmvec.env_pool", "shmvec.vec_env_pool"]),
