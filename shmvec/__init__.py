@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ShmVecEnv",
     "ShmVectorEnv",
+    "ShmMultiAgentVecEnv",
     "make_vec",
     "ShmEnvPool",
     "ShmVecEnvPool",
@@ -63,6 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from shmvec.factories import DescriptionError, EnvFactory, make_env
     from shmvec.shm_vec_env import ShmVecEnv
     from shmvec.shm_vector_env import ShmVectorEnv, make_vec
+    from shmvec.multi_agent_vec_env import ShmMultiAgentVecEnv
     from shmvec.env_pool import ShmEnvPool
     from shmvec.vec_env_pool import PoolReplayBuffer, ShmVecEnvPool
 
@@ -72,6 +74,10 @@ def __getattr__(name: str) -> Any:
         from shmvec.shm_vec_env import ShmVecEnv
 
         return ShmVecEnv
+    if name == "ShmMultiAgentVecEnv":
+        from shmvec.multi_agent_vec_env import ShmMultiAgentVecEnv
+
+        return ShmMultiAgentVecEnv
     if name in ("ShmVectorEnv", "make_vec"):
         from shmvec import shm_vector_env
 

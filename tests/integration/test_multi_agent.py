@@ -1,0 +1,339 @@
+"""ShmMultiAgentVecEnv: PettingZoo ParallelEnvs, one SB3 row per agent, step for step against references.
+
+- MPE's ``simple_spread_v3`` (mpe2) against SuperSuit's own path,
+  ``concat_vec_envs_v1(pettingzoo_env_to_vec_env_v1(env), n, num_cpus=0, base_class="stable_baselines3")``,
+  on the same seeds: observations, rewards, dones and terminal observations, across episode ends;
+- ``tests/agentenvs.DyingAgents`` (agents that die at different times, one born late) against a
+  plain loop over the same ParallelEnvs written here with the documented semantics (SuperSuit's
+  black death wrapper cannot serve as the reference: it ends an env only when every agent is both
+  terminated and truncated); infos, reset infos and the ``active`` flags too;
+- both under every start method; then PPO, the spaces-differ error and ``pad=True``, AEC envs.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pettingzoo", reason="ShmMultiAgentVecEnv needs pettingzoo (pip install 'shmvec[multiagent]')")
+
+import agentenvs  # noqa: E402
+from helpers import close_all  # noqa: E402
+from shmvec import (  # noqa: E402
+    BrokenVecEnvError,
+    ShmMultiAgentVecEnv,
+    SpaceError,
+    WorkerDiedError,
+    WorkerRestartWarning,
+)
+
+START_METHODS = [m for m in ("fork", "forkserver", "spawn") if m in multiprocessing.get_all_start_methods()]
+SEED = 7
+
+
+def _spread(max_cycles: int = 9):
+    from mpe2 import simple_spread_v3
+
+    return simple_spread_v3.parallel_env(N=3, max_cycles=max_cycles)
+
+
+def _spread_aec(max_cycles: int = 9):
+    from mpe2 import simple_spread_v3
+
+    return simple_spread_v3.env(N=3, max_cycles=max_cycles)
+
+
+class LoopReference:
+    """A plain loop over the ParallelEnvs with the semantics ShmMultiAgentVecEnv documents."""
+
+    def __init__(self, env_fns, n_agents):
+        self.envs = [fn() for fn in env_fns]
+        self.agents = list(self.envs[0].possible_agents)
+        self.n = n_agents
+
+    def _rows(self, obs, rews=None, terms=None, truncs=None, infos=None):
+        n = self.n
+        o = np.zeros((n, 3), np.float32)
+        r, t, tr = np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool)
+        info = [{} for _ in range(n)]
+        for k, a in enumerate(self.agents):
+            if a in obs:
+                o[k] = obs[a]
+                if rews is not None:
+                    r[k], t[k], tr[k] = rews[a], terms[a], truncs[a]
+            else:
+                info[k]["active"] = False
+            if infos and infos.get(a):
+                info[k] = {**infos[a], **info[k]}
+        return o, r, t, tr, info
+
+    def reset(self, seed):
+        out, self.reset_infos = [], []
+        for e, env in enumerate(self.envs):
+            obs, infos = env.reset(seed=seed + e)
+            o, _, _, _, _ = self._rows(obs)
+            out.append(o)
+            self.reset_infos += [dict(infos.get(a) or {}) for a in self.agents]
+        return np.concatenate(out)
+
+    def step(self, actions):
+        actions = actions.reshape(len(self.envs), self.n)
+        all_obs, all_rew, all_done, all_infos = [], [], [], []
+        for e, env in enumerate(self.envs):
+            acts = {a: actions[e, self.agents.index(a)] for a in env.agents}
+            obs, rews, terms, truncs, infos = env.step(acts)
+            o, r, t, tr, info = self._rows(obs, rews, terms, truncs, infos)
+            ended = not [a for a in env.agents if not (terms.get(a) or truncs.get(a))]
+            for k in range(self.n):
+                if (t[k] or tr[k]) and not ended:
+                    info[k]["agent_terminated" if t[k] else "agent_truncated"] = True
+            rinfo = [{} for _ in range(self.n)]
+            if ended:
+                for k in range(self.n):
+                    info[k]["terminal_observation"] = o[k]
+                    info[k]["TimeLimit.truncated"] = bool(tr[k] and not t[k])
+                obs, infos = env.reset()
+                o, _, _, _, _ = self._rows(obs)
+                rinfo = [dict(infos.get(a) or {}) for a in self.agents]
+            for k in range(self.n):
+                if ended:
+                    self.reset_infos[e * self.n + k] = rinfo[k]
+            all_obs.append(o)
+            all_rew.append(r)
+            all_done.append(np.full(self.n, ended))
+            all_infos += info
+        return np.concatenate(all_obs), np.concatenate(all_rew), np.concatenate(all_done), all_infos
+
+
+def _assert_infos(infos, ref_infos, t):
+    assert len(infos) == len(ref_infos)
+    for row, (a, b) in enumerate(zip(infos, ref_infos)):
+        assert set(a) == set(b), (t, row, a, b)
+        for key in a:
+            if key == "terminal_observation":
+                np.testing.assert_array_equal(a[key], b[key], err_msg=f"step {t} row {row}")
+            else:
+                assert a[key] == b[key], (t, row, key)
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_mpe_matches_supersuit(start_method):
+    ss = pytest.importorskip("supersuit", reason="the reference is SuperSuit's vec env")
+    pytest.importorskip("mpe2", reason="the MPE envs come from mpe2")
+    n_envs = 3
+    fn = functools.partial(_spread, 9)
+    venv = ShmMultiAgentVecEnv([fn] * n_envs, n_workers=2, start_method=start_method)
+    ref = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(fn()), n_envs, num_cpus=0,
+                                base_class="stable_baselines3")
+    try:
+        assert venv.num_envs == ref.num_envs == 9
+        assert venv.observation_space == ref.observation_space and venv.action_space == ref.action_space
+        assert venv.possible_agents == ["agent_0", "agent_1", "agent_2"]
+        venv.seed(SEED)
+        obs = venv.reset()
+        ref_obs, _ = ref.venv.reset(seed=SEED)  # (SuperSuit's SB3 wrapper has no seed())
+        np.testing.assert_array_equal(obs, ref_obs)
+        rng = np.random.default_rng(0)
+        ends = 0
+        for t in range(30):  # three episodes and a bit
+            actions = rng.integers(0, 5, size=venv.num_envs)
+            obs, rew, dones, infos = venv.step(actions)
+            r_obs, r_rew, r_dones, r_infos = ref.step(actions)
+            np.testing.assert_array_equal(obs, r_obs, err_msg=f"step {t}")
+            np.testing.assert_array_equal(rew, r_rew, err_msg=f"step {t}")
+            assert rew.dtype == np.float32 and dones.dtype == bool
+            np.testing.assert_array_equal(dones, r_dones, err_msg=f"step {t}")
+            for row, (a, b) in enumerate(zip(infos, r_infos)):
+                assert ("terminal_observation" in a) == ("terminal_observation" in b), (t, row)
+                if "terminal_observation" in b:
+                    np.testing.assert_array_equal(a["terminal_observation"], b["terminal_observation"])
+                    assert a["TimeLimit.truncated"] is True
+            ends += int(dones.all())
+        assert ends == 3
+    finally:
+        close_all(venv, ref)
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("late_agent", [False, True], ids=["dying", "dying-and-late"])
+def test_dying_agents_match_a_plain_loop(start_method, late_agent):
+    n_envs, n_agents = 4, 3
+    fns = [functools.partial(agentenvs.DyingAgents, n_agents, 12, 10, late_agent)] * n_envs
+    venv = ShmMultiAgentVecEnv(fns, n_workers=2, start_method=start_method)
+    ref = LoopReference(fns, n_agents)
+    try:
+        venv.seed(SEED)
+        np.testing.assert_array_equal(venv.reset(), ref.reset(SEED))
+        assert venv.reset_infos == ref.reset_infos
+        rng = np.random.default_rng(1)
+        masked = ended_early = 0
+        for t in range(60):
+            actions = rng.integers(0, 3, size=venv.num_envs)
+            obs, rew, dones, infos = venv.step(actions)
+            r_obs, r_rew, r_dones, r_infos = ref.step(actions)
+            np.testing.assert_array_equal(obs, r_obs, err_msg=f"step {t}")
+            np.testing.assert_array_equal(rew, r_rew, err_msg=f"step {t}")
+            np.testing.assert_array_equal(dones, r_dones, err_msg=f"step {t}")
+            _assert_infos(infos, r_infos, t)
+            assert venv.reset_infos == ref.reset_infos, t
+            for row, info in enumerate(infos):
+                if info.get("active") is False:  # black death: zero observation and reward
+                    masked += 1
+                    assert rew[row] == 0.0
+                    if not dones[row]:
+                        assert not obs[row].any()
+                    else:
+                        assert not info["terminal_observation"].any()
+                ended_early += "agent_terminated" in info
+            # every row of an env reports done together
+            assert (dones.reshape(n_envs, n_agents).all(axis=1) == dones.reshape(n_envs, n_agents).any(axis=1)).all()
+        assert masked > 0 and ended_early > 0 and dones.dtype == bool
+    finally:
+        close_all(venv)
+
+
+def test_copy_false_and_rare_commands():
+    fns = [functools.partial(agentenvs.DyingAgents, 2, 5, 5)] * 3
+    venv = ShmMultiAgentVecEnv(fns, n_workers=2, start_method="fork", copy=False)
+    try:
+        assert venv.get_attr("max_steps") == [5] * 6
+        assert venv.get_attr("possible_agents", indices=[5]) == [["agent_0", "agent_1"]]
+        venv.set_attr("max_steps", 3, indices=[0, 1])  # env 0, once
+        assert venv.get_attr("max_steps") == [3, 3, 5, 5, 5, 5]
+        assert venv.has_attr("max_life") and not venv.has_attr("nope")
+        assert venv.env_is_wrapped(object) == [False] * 6
+        assert venv.render_mode is None
+        venv.seed([1, 2, 3])
+        obs = venv.reset()
+        assert obs.shape == (6, 3) and not obs.flags.owndata
+        with pytest.raises(ValueError, match="one per agent row"):
+            venv.step(np.zeros(3, dtype=np.int64))
+    finally:
+        close_all(venv)
+
+
+def test_ppo_trains_with_parameter_sharing(one_torch_thread):
+    pytest.importorskip("mpe2", reason="the MPE envs come from mpe2")
+    from stable_baselines3 import PPO
+
+    venv = ShmMultiAgentVecEnv([functools.partial(_spread, 25)] * 2, n_workers=2, start_method="fork")
+    try:
+        model = PPO("MlpPolicy", venv, n_steps=32, batch_size=96, n_epochs=1, seed=0)
+        model.learn(2 * 32 * venv.num_envs)
+        assert model.num_timesteps == 2 * 32 * venv.num_envs
+        assert model.ep_info_buffer is not None
+    finally:
+        close_all(venv)
+
+
+def test_agents_with_different_spaces_are_refused_naming_them():
+    with pytest.raises(SpaceError, match=r"observation spaces differ \(agent_0: .*; agent_1, agent_2: .*pad=True"):
+        ShmMultiAgentVecEnv([agentenvs.MixedSpaces] * 2, n_workers=1, start_method="fork")
+
+
+def test_pad_true_pads_observations_and_actions():
+    venv = ShmMultiAgentVecEnv([agentenvs.MixedSpaces] * 2, n_workers=2, start_method="fork", pad=True)
+    plain = [agentenvs.MixedSpaces() for _ in range(2)]
+    try:
+        assert venv.observation_space.shape == (3,) and venv.action_space.n == 5
+        venv.seed(SEED)
+        obs = venv.reset()
+        for e, env in enumerate(plain):
+            ref, _ = env.reset(seed=SEED + e)
+            np.testing.assert_array_equal(obs[3 * e], ref["agent_0"])
+            for k in (1, 2):  # zero-padded from (2,) to (3,)
+                np.testing.assert_array_equal(obs[3 * e + k], np.append(ref[f"agent_{k}"], 0))
+        # agent_0 has 3 actions: 4 becomes 0 (SuperSuit's dehomogenize_actions); the others keep theirs.
+        actions = np.array([4, 4, 3, 1, 2, 0])
+        venv.step(actions)
+        seen = venv.get_attr("seen", indices=[0, 3])
+        assert seen[0] == {"agent_0": 0, "agent_1": 4, "agent_2": 3}
+        assert seen[1] == {"agent_0": 1, "agent_1": 2, "agent_2": 0}
+    finally:
+        close_all(venv)
+
+
+def test_aec_env_goes_through_aec_to_parallel():
+    ss = pytest.importorskip("supersuit", reason="the reference is SuperSuit's vec env")
+    pytest.importorskip("mpe2", reason="the MPE envs come from mpe2")
+    venv = ShmMultiAgentVecEnv([functools.partial(_spread_aec, 9)] * 2, n_workers=1, start_method="fork")
+    ref = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(_spread(9)), 2, num_cpus=0,
+                                base_class="stable_baselines3")
+    try:
+        venv.seed(SEED)
+        np.testing.assert_array_equal(venv.reset(), ref.venv.reset(seed=SEED)[0])
+        for t in range(12):
+            actions = np.full(venv.num_envs, t % 5)
+            obs, rew, dones, _ = venv.step(actions)
+            r_obs, r_rew, r_dones, _ = ref.step(actions)
+            np.testing.assert_array_equal(obs, r_obs)
+            np.testing.assert_array_equal(rew, r_rew)
+            np.testing.assert_array_equal(dones, r_dones)
+    finally:
+        close_all(venv, ref)
+
+
+def test_aec_env_that_is_not_parallelizable_is_refused():
+    with pytest.raises(TypeError, match="SerialOnlyAEC.*is_parallelizable"):
+        ShmMultiAgentVecEnv([agentenvs.SerialOnlyAEC] * 2, n_workers=1, start_method="fork")
+
+
+def test_a_gymnasium_env_is_refused():
+    import gymnasium as gym
+
+    with pytest.raises(TypeError, match="not a PettingZoo ParallelEnv or AECEnv.*use ShmVecEnv"):
+        ShmMultiAgentVecEnv([lambda: gym.make("CartPole-v1")], n_workers=1, start_method="fork")
+
+
+# ---- faults behave as for single-agent envs ---------------------------------------------------------
+
+def test_an_env_that_raises_raises_its_own_exception():
+    fns = [functools.partial(agentenvs.DyingAgents, 2), functools.partial(agentenvs.Faulty, 2, "raise")]
+    venv = ShmMultiAgentVecEnv(fns, n_workers=2, start_method="fork")
+    try:
+        venv.reset()
+        venv.step(np.zeros(venv.num_envs, dtype=np.int64))
+        with pytest.raises(RuntimeError, match="boom in a multi-agent step"):
+            venv.step(np.zeros(venv.num_envs, dtype=np.int64))
+        with pytest.raises(BrokenVecEnvError):
+            venv.reset()
+    finally:
+        close_all(venv)
+
+
+def test_a_killed_worker_raises_worker_died_error():
+    fns = [functools.partial(agentenvs.DyingAgents, 2), functools.partial(agentenvs.Faulty, 2, "kill")]
+    venv = ShmMultiAgentVecEnv(fns, n_workers=2, start_method="fork")
+    try:
+        venv.reset()
+        venv.step(np.zeros(venv.num_envs, dtype=np.int64))
+        with pytest.raises(WorkerDiedError, match="SIGKILL") as info:
+            venv.step(np.zeros(venv.num_envs, dtype=np.int64))
+        assert info.value.worker == 1
+    finally:
+        close_all(venv)
+
+
+def test_restart_reports_every_row_of_the_env_truncated(tmp_path):
+    fns = [functools.partial(agentenvs.Faulty, 99, "raise"),
+           functools.partial(agentenvs.Faulty, 3, "kill", str(tmp_path / "killed"))]
+    venv = ShmMultiAgentVecEnv(fns, n_workers=2, start_method="fork", on_failure="restart")
+    try:
+        venv.reset()
+        for _ in range(2):
+            _, _, dones, _ = venv.step(np.ones(venv.num_envs, dtype=np.int64))
+            assert not dones.any()
+        with pytest.warns(WorkerRestartWarning):
+            obs, rew, dones, infos = venv.step(np.ones(venv.num_envs, dtype=np.int64))
+        assert dones.tolist() == [False, False, True, True]
+        assert rew[2:].tolist() == [0.0, 0.0] and venv.restarts == 1
+        for row in (2, 3):
+            assert "SIGKILL" in infos[row]["shmvec_restarted"] and infos[row]["TimeLimit.truncated"] is False
+            assert infos[row]["terminal_observation"].shape == (3,)
+        _, _, dones, _ = venv.step(np.ones(venv.num_envs, dtype=np.int64))
+        assert not dones.any()
+    finally:
+        close_all(venv)
