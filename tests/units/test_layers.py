@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("front-ends", ["shmvec.shm_vec_env", "shmvec.shm_vector_env", "shmvec.env_pool", "shmvec.vec_env_pool"]),
     ("package", ["shmvec"]),
     ("ray", ["shmvec.ray", "shmvec.ray_pool"]),
+    ("integrations", ["shmvec.integrations"]),
     ("tools", ["shmvec.bench", "shmvec._bench", "shmvec.doctor", "shmvec._startup"]),
 ]
 
