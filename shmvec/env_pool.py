@@ -120,6 +120,31 @@ def checked_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray) -> np.n
     return ids
 
 
+def write_action_rows(engine: Engine, actions: Any, ids: np.ndarray) -> None:
+    """Writes row k of ``actions`` as env ``ids[k]``'s action, checked as ``send`` promises: the
+    batched form, or one action per env id (a list of dicts for a Dict space), as ShmVecEnv."""
+    # No local name for a view of the block: the traceback of an error raised here (kept by
+    # the caller) would keep the mapping open after close().
+    writer = engine.actions
+    for leaf, value in zip(writer.leaves, writer.leaf_values(actions, ids.size, "env ids")):
+        arr = batch_array(value, leaf, ids.size, "env ids")
+        if arr.dtype != leaf.dtype and (leaf.dtype.kind in "iu" or not np.can_cast(arr.dtype, leaf.dtype, "same_kind")):
+            exact = exact_integers(arr, leaf.dtype)  # as ShmVecEnv: whole floats, integers that fit
+            if exact is None:
+                where = "".join(f"[{k!r}]" for k in leaf.path)
+                raise ValueError(f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype}")
+            arr = exact
+        check = writer.checks.get(leaf.path)
+        fast = writer.fast.get(leaf.path)
+        if check is not None and (fast is None or not copy_actions(arr, np.empty_like(arr), *fast)):
+            # Out of range, NaN (as ShmVecEnv, invalid_actions=), before anything is sent; the
+            # usual batch passed copy_actions' check in one C pass (docs/design.md).
+            try:
+                check(arr)
+            except InvalidActionError as exc:
+                raise by_env_id(exc, ids) from None
+        engine.views.act[leaf.path][ids] = arr.astype(leaf.dtype, copy=False)
+
 class ShmEnvPool(Uncopyable):
     """An asynchronous pool: ``send(actions, env_ids)`` then ``recv()`` the first ``batch_size`` envs done.
 
@@ -292,7 +317,7 @@ class ShmEnvPool(Uncopyable):
         if not self._running:
             raise ShmVecEnvError("send() before reset(): call reset() or async_reset() first")
         ids = checked_send_ids(env_ids, self.num_envs, self._in_flight)
-        self._write_rows(engine, actions, ids)
+        write_action_rows(engine, actions, ids)
         # Marked and pushed in one C call: a Ctrl-C lands before (nothing sent) or after (all sent).
         push_in_flight(self._in_qs, self._in_flight_u8, ids, self._owner, self._starts_i64)
 
@@ -312,9 +337,12 @@ class ShmEnvPool(Uncopyable):
         """The envs of the batch ``_recv_held`` returned are no longer in flight (they can be sent)."""
         release_in_flight(self._in_flight_u8, self._partial)  # and empties _partial, in one C call
 
-    def _recv_held(self):
+    def _recv_held(self, order: list[int] | None = None):
         """``recv()``'s batch, its envs still in flight until ``_release_received()``: called
-        again before that (a Ctrl-C landed as it returned), it returns the same batch."""
+        again before that (a Ctrl-C landed as it returned), it returns the same batch.
+
+        ``order`` (``step_envs``): the batch is exactly these envs, the only ones in flight; their
+        rows come back in this order."""
         engine = self._usable()
         now = time.monotonic()
         if now - self._alive_at >= P.POLL_S:
@@ -322,7 +350,7 @@ class ShmEnvPool(Uncopyable):
             # the pool fed must not hide a dead one (its envs would stay in flight for ever).
             self._alive_at = now
             engine.channel.check_alive("pool recv")
-        n = self.batch_size
+        n = self.batch_size if order is None else len(order)
         in_flight = int(self._in_flight.sum())
         if in_flight < n:
             raise ShmVecEnvError(
@@ -363,12 +391,45 @@ class ShmEnvPool(Uncopyable):
             if v & _pool.ERROR_BIT:
                 self._stop()  # raises the env's exception (and marks the engine broken)
                 raise ShmVecEnvError(f"worker {v & ~_pool.ERROR_BIT} reported an error that it did not send")
+        if order is not None:  # the same envs (only they were in flight), in the caller's order
+            ids[:] = order
         return self._rows(engine, np.asarray(ids, dtype=np.int64))  # the envs are still _partial and in flight
 
     def step(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None):
-        """``send`` then ``recv`` (EnvPool's ``step``)."""
+        """``send`` then ``recv`` (EnvPool's ``step``): the first ``batch_size`` envs to finish,
+        which need not be those sent; :meth:`step_envs` returns exactly those."""
         self.send(actions, env_ids)
         return self.recv()
+
+    @serialized
+    def step_envs(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None):
+        """Steps exactly envs ``env_ids`` and waits for exactly those, whatever ``batch_size`` is
+        (EnvPool's synchronous ``step``); returns their rows in the order of ``env_ids``.
+
+        For callers that step a subset of the envs in lock step (Tianshou's collectors): no other
+        env may be in flight, so the envs that come back are the ones sent.
+
+        :param env_ids: distinct env indices (default: all envs).
+        :raises ShmVecEnvError: other envs are in flight (sent, or reset by ``async_reset``, and not
+            received yet): ``recv()`` them first.
+        :raises ValueError: bad ids or actions, as :meth:`send`.
+        """
+        engine = self._usable()
+        if not self._running:
+            raise ShmVecEnvError("step_envs() before reset(): call reset() or async_reset() first")
+        if self._in_flight.any():
+            raise ShmVecEnvError(
+                f"step_envs() with envs {np.flatnonzero(self._in_flight).tolist()} in flight: it waits for exactly the "
+                "envs it sends, so recv() those first"
+            )
+        ids = checked_send_ids(env_ids, self.num_envs, self._in_flight)
+        if ids.size == 0:
+            raise ValueError("step_envs() needs at least one env id")
+        write_action_rows(engine, actions, ids)
+        push_in_flight(self._in_qs, self._in_flight_u8, ids, self._owner, self._starts_i64)
+        result = self._recv_held(ids.tolist())
+        self._release_received()
+        return result
 
     # ---- rare calls (the pool stops meanwhile; whatever is in flight completes first) ------------------
     @serialized
@@ -491,30 +552,6 @@ class ShmEnvPool(Uncopyable):
             if running and engine.status.failure is None:
                 self._start()
 
-    def _write_rows(self, engine: Engine, actions: Any, ids: np.ndarray) -> None:
-        # No local name for a view of the block: the traceback of an error raised here (kept by
-        # the caller) would keep the mapping open after close().
-        writer = engine.actions
-        # The batched form, or one action per env id (a list of dicts for a Dict space), as ShmVecEnv.
-        for leaf, value in zip(writer.leaves, writer.leaf_values(actions, ids.size, "env ids")):
-            arr = batch_array(value, leaf, ids.size, "env ids")
-            if arr.dtype != leaf.dtype and (leaf.dtype.kind in "iu" or not np.can_cast(arr.dtype, leaf.dtype, "same_kind")):
-                exact = exact_integers(arr, leaf.dtype)  # as ShmVecEnv: whole floats, integers that fit
-                if exact is None:
-                    where = "".join(f"[{k!r}]" for k in leaf.path)
-                    raise ValueError(f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype}")
-                arr = exact
-            check = engine.actions.checks.get(leaf.path)
-            fast = engine.actions.fast.get(leaf.path)
-            if check is not None and (fast is None or not copy_actions(arr, np.empty_like(arr), *fast)):
-                # Out of range, NaN (as ShmVecEnv, invalid_actions=), before anything is sent; the
-                # usual batch passed copy_actions' check in one C pass (docs/design.md).
-                try:
-                    check(arr)
-                except InvalidActionError as exc:
-                    raise by_env_id(exc, ids) from None
-            engine.views.act[leaf.path][ids] = arr.astype(leaf.dtype, copy=False)
-
     def _payload(self, i: int) -> Any:
         """Env i's message in its info slot (its infos for this row), or None."""
         n = int(self._info_len[i])
@@ -529,7 +566,8 @@ class ShmEnvPool(Uncopyable):
         terminated = engine.views.terminated[idx]
         truncated = engine.views.truncated[idx]
         infos: dict[str, Any] = {}
-        add = self._infos._add_info
+        # step_envs() returns as many rows as it was given ids, not batch_size.
+        add = (self._infos if idx.size == self.batch_size else InfoBatch(idx.size))._add_info
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
         pending = self._pending_infos
         # Each row's own dicts, as its env returned them (step info, reset info), for the SB3

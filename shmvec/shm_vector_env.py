@@ -366,6 +366,8 @@ def make_vec(
     vectorization_mode: str | None = None,
     vector_kwargs: dict[str, Any] | None = None,
     wrappers: Sequence[Callable[[gym.Env], gym.Wrapper]] | None = None,
+    *,
+    autoreset_mode: str | AutoresetMode | None = None,
     **kwargs: Any,
 ) -> ShmVectorEnv:
     """``gymnasium.make_vec`` with :class:`ShmVectorEnv` as the vectorizer (same signature).
@@ -376,10 +378,18 @@ def make_vec(
     (its ``num_envs``, ``vector_kwargs`` and ``wrappers`` are taken from it, as Gymnasium does).
     The returned env's ``spec`` records the arguments, as ``gymnasium.make_vec`` does.
 
-    :param vectorization_mode: ``None`` or ``"shmvec"``; for Gymnasium's own modes (``"sync"``,
-        ``"async"``, ``"vector_entry_point"``) call ``gymnasium.make_vec``.
+    :param vectorization_mode: ``None``, ``"shmvec"`` or ``"async"``: all three vectorize with
+        ``ShmVectorEnv`` (``"async"`` is taken so that ``gym.make_vec(..., vectorization_mode="async")``
+        becomes ``shmvec.make_vec(...)`` by changing the function alone; ShmVectorEnv is
+        asynchronous in the same sense, its workers step while the caller waits).  For
+        ``"sync"`` and ``"vector_entry_point"`` call ``gymnasium.make_vec``.
+    :param autoreset_mode: ``ShmVectorEnv``'s ``autoreset_mode`` (``"NextStep"``, ``"SameStep"``,
+        ``"Disabled"`` or an ``AutoresetMode``), as a plain keyword; the same as
+        ``vector_kwargs={"autoreset_mode": ...}`` (TorchRL's ``GymWrapper`` needs ``"SameStep"``
+        or ``"Disabled"``).
     :raises gymnasium.error.Error: an unknown id, or an id that is neither a str nor an EnvSpec.
-    :raises ValueError: another ``vectorization_mode``.
+    :raises ValueError: another ``vectorization_mode``; ``autoreset_mode`` given twice (here and
+        in ``vector_kwargs``) with different values.
     """
     if isinstance(id, gym.envs.registration.EnvSpec):
         env_spec = id
@@ -399,12 +409,18 @@ def make_vec(
     wrappers = env_kwargs.pop("wrappers", wrappers)
     env_kwargs.update(kwargs)
     mode = getattr(vectorization_mode, "value", vectorization_mode)
-    if mode not in (None, "shmvec"):
+    if mode not in (None, "shmvec", "async"):
         raise ValueError(
-            f"shmvec.make_vec vectorizes with ShmVectorEnv (vectorization_mode None or 'shmvec'), got "
-            f"vectorization_mode={vectorization_mode!r}: for Gymnasium's own modes call gymnasium.make_vec"
+            f"shmvec.make_vec vectorizes with ShmVectorEnv (vectorization_mode None, 'shmvec' or 'async'), got "
+            f"vectorization_mode={vectorization_mode!r}: for 'sync' and 'vector_entry_point' call gymnasium.make_vec"
         )
     vector_kwargs = dict(vector_kwargs or {})
+    if autoreset_mode is not None:
+        given = vector_kwargs.get("autoreset_mode")
+        if given is not None and AutoresetMode(getattr(given, "value", given)) != AutoresetMode(
+                getattr(autoreset_mode, "value", autoreset_mode)):
+            raise ValueError(f"autoreset_mode={autoreset_mode!r} and vector_kwargs['autoreset_mode']={given!r} differ")
+        vector_kwargs["autoreset_mode"] = autoreset_mode
     wrappers = list(wrappers or [])
 
     def create_single_env() -> gym.Env:

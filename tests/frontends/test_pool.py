@@ -780,3 +780,46 @@ def test_a_broken_sb3_pool_says_so_on_every_call(in_flight):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
         env.close()
+
+
+@pytest.mark.parametrize("mode, n, batch", [(AutoresetMode.NEXT_STEP, 5, 5), (AutoresetMode.SAME_STEP, 4, 2)])
+def test_step_envs_steps_exactly_the_ids_given_and_returns_them_in_their_order(mode, n, batch):
+    """step_envs(actions, ids): those envs alone step, and come back in the order of ids, whatever
+    batch_size is (EnvPool's synchronous step); each env's rows equal it run alone."""
+    fns = _pool_fns("box", n, mean_s=0.0005)
+    refs = [SyncVectorEnv([fn], autoreset_mode=mode) for fn in fns]
+    pool = None
+    try:
+        pool = ShmEnvPool(fns, batch_size=batch, autoreset_mode=mode, n_workers=2, start_method="fork")
+        for i, ref in enumerate(refs):
+            ref.reset(seed=3 + i)
+        pool.async_reset(seed=3)
+        with pytest.raises(ShmVecEnvError, match=r"envs \[0, 1, 2, 3.*\] in flight"):  # reset rows not received
+            pool.step_envs(np.zeros(1, dtype=np.int64), [0])
+        while pool._in_flight.any():
+            pool.recv()
+        rng = np.random.default_rng(1)
+        ended = 0
+        for t in range(80):
+            ids = rng.permutation(n)[: rng.integers(1, n + 1)]
+            actions = rng.integers(0, 3, size=ids.size)
+            obs, rew, term, trunc, infos = pool.step_envs(actions, ids)
+            assert infos["env_id"].tolist() == ids.tolist()
+            for k, i in enumerate(ids.tolist()):
+                want = refs[i].step(actions[k:k + 1])
+                assert_same(obs[k], want[0][0], f"step {t} env {i} obs", strict_dtype=True)
+                assert (rew[k], term[k], trunc[k]) == (want[1][0], want[2][0], want[3][0]), f"step {t} env {i}"
+                got_info, want_info = row_info(infos, k), row_info(want[4], 0)
+                if "final_obs" in want_info:
+                    assert_same(got_info.pop("final_obs"), want_info.pop("final_obs"), f"step {t} env {i} final_obs")
+                assert_same(got_info, want_info, f"step {t} env {i} info")
+                ended += int(term[k] or trunc[k])
+        assert ended > 0
+        pool.send(np.zeros(1, dtype=np.int64), [3])
+        with pytest.raises(ShmVecEnvError, match=r"envs \[3\] in flight"):
+            pool.step_envs(np.zeros(1, dtype=np.int64), [0])
+    finally:
+        for ref in refs:
+            ref.close()
+        if pool is not None:
+            pool.close()

@@ -295,7 +295,7 @@ def test_make_vec_takes_gymnasiums_arguments_its_own_spec_and_module_ids():
     finally:
         close_all(env, again)
     with pytest.raises(ValueError, match="gymnasium.make_vec"):
-        make_vec("CartPole-v1", 2, "async")
+        make_vec("CartPole-v1", 2, "sync")  # "async" is taken (CleanRL's one-line swap)
     with pytest.raises(gym.error.Error, match="Invalid id type"):
         make_vec(3)
     # a module that registers its env when imported, named in the id (its env is not registered here yet)

@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                     "shmvec.multi_agent_vec_env"]),
     ("package", ["shmvec"]),
     ("ray", ["shmvec.ray", "shmvec.ray_pool"]),
+    ("integrations", ["shmvec.integrations"]),
     ("tools", ["shmvec.bench", "shmvec._bench", "shmvec.doctor", "shmvec._startup"]),
 ]
 
