@@ -32,6 +32,7 @@ import numpy as np
 from gymnasium import spaces
 
 from shmvec._errors import InvalidActionError, InvalidActionWarning
+from shmvec._protocol import ARG_IN_PIPE, ARG_LEN, word
 from shmvec._rows import ACTIONS_COPY, ACTIONS_NO_NAN, ACTIONS_RANGE, copy_actions
 
 INVALID_ACTIONS = ("raise", "warn", "ignore")
@@ -219,39 +220,64 @@ def _squeezed(shape: tuple) -> tuple:
 class ActionWriter:
     """Writes a batch of actions into the shared action buffers, checking it once on the way.
 
-    ``leaves`` are the action space's leaves (:func:`shmvec._layout.space_leaves`), ``buffers``
-    the shared arrays by leaf path.  The usual batch (an ndarray of the right shape and dtype
-    whose values pass the check) is checked and copied in one C call; anything else is reshaped
-    (one row per env), cast where that is exact, checked (NaN, out of range: ``policy``), copied.
+    ``leaves`` are the action space's leaves with a buffer (:class:`shmvec._layout.Layout`'s
+    ``act_leaves``), ``buffers`` the shared arrays by leaf path.  The usual batch (an ndarray of
+    the right shape and dtype whose values pass the check) is checked and copied in one C call;
+    anything else is reshaped (one row per env), cast where that is exact, checked (NaN, out of
+    range: ``policy``), copied.
+
+    ``pickled``: for an action space with leaves without a fixed size, ``(messages, mailbox,
+    words)``: ``messages(actions)`` gives each worker's pickle of their values
+    (``shmvec._pickled_leaves.PickledLeaves.action_messages``), which go into the workers'
+    mailboxes and ARG_LEN words, or through their pipes when larger (:meth:`write` returns those).
     """
 
-    def __init__(self, action_space: spaces.Space, leaves: list, buffers: Any, n_envs: int, policy: str) -> None:
+    def __init__(self, action_space: spaces.Space, leaves: list, buffers: Any, n_envs: int, policy: str,
+                 pickled: tuple[Callable[[Any], list[bytes]], np.ndarray, Any] | None = None) -> None:
         self.leaves = list(leaves)
         self.buffers = buffers
         self.n_envs = n_envs
+        self.pickled = pickled
         paths = [leaf.path for leaf in self.leaves]
         self.checks = make_action_checks(action_space, paths, policy)
         self.fast = make_fast_copies(action_space, paths, policy)
         # One action leaf whose batch copy_actions checks and copies in one C call: (buffer, *args).
-        fast = self.fast.get(()) if len(self.leaves) == 1 else None
+        fast = self.fast.get(()) if len(self.leaves) == 1 and pickled is None else None
         self.single = (buffers[()], *fast) if fast is not None else None
 
     def release(self) -> None:
         """Drops the views of the buffers (before they are unmapped): a traceback that keeps a frame
         of :meth:`write` keeps this object, which must not keep the mapping."""
-        self.buffers = self.single = None
+        self.buffers = self.single = self.pickled = None
 
-    def write(self, actions: Any) -> None:
-        """:raises ValueError: the actions do not fit the space (shape, dtype); ``InvalidActionError``
-        (a ValueError): NaN or out of range, naming the envs (``invalid_actions="raise"``)."""
+    def write(self, actions: Any) -> dict[int, bytes] | None:
+        """:returns: with leaves without a fixed size, the pickles of their values to send through
+            the workers' pipes once the step is posted, by worker (the others are in the mailboxes).
+        :raises ValueError: the actions do not fit the space (shape, dtype; a leaf without a fixed
+            size: not one value per env); ``InvalidActionError`` (a ValueError): NaN or out of range,
+            naming the envs (``invalid_actions="raise"``); what pickling a value raised."""
+        messages = self.pickled[0](actions) if self.pickled is not None else None  # raises before any write
         if len(self.leaves) == 1 and self.leaves[0].path == ():
             self._write_leaf(self.leaves[0], actions)
-            return
-        for leaf in self.leaves:
-            value = actions
-            for key in leaf.path:
-                value = value[key]
-            self._write_leaf(leaf, value)
+        else:
+            for leaf in self.leaves:
+                value = actions
+                for key in leaf.path:
+                    value = value[key]
+                self._write_leaf(leaf, value)
+        return self._put_messages(messages) if messages is not None else None
+
+    def _put_messages(self, messages: list[bytes]) -> dict[int, bytes]:
+        # (No local name for a view of the block: see _write_leaf.)
+        in_pipe: dict[int, bytes] = {}
+        for w, data in enumerate(messages):
+            if len(data) >= self.pickled[1].shape[1]:  # larger than the mailbox: the pipe, once posted
+                in_pipe[w], arg_len = data, ARG_IN_PIPE
+            else:
+                self.pickled[1][w, :len(data)] = np.frombuffer(data, dtype=np.uint8)
+                arg_len = len(data)
+            self.pickled[2].store(word(w, ARG_LEN), arg_len)
+        return in_pipe
 
     def _write_leaf(self, leaf: Any, value: Any) -> None:
         # No local name for a view of the buffers: the traceback of an exception raised here

@@ -44,7 +44,6 @@ from shmvec._codec import load_result
 from shmvec._errors import (
     AlreadyPendingCallError,
     ShmVecEnvError,
-    SpaceError,
     WorkerDiedError,
     WorkerStacks,
     WorkerTimeoutError,
@@ -53,9 +52,10 @@ from shmvec._errors import (
     unpack_exception,
 )
 from shmvec._describe import describe_env_fns
-from shmvec._layout import Layout, make_gather, scalar_float_box
+from shmvec._layout import Layout, check_same_spaces, make_gather, scalar_float_box
 from shmvec._machine import set_forkserver_preload
 from shmvec._options import Options
+from shmvec._pickled_leaves import pickled_leaves
 from shmvec._pickling import pickle_factories
 from shmvec._restarts import Restarts
 from shmvec._state import COLLECTING, CONSUMED, DONE, IDLE, POSTED, Status, record
@@ -84,7 +84,7 @@ class Engine:
     actions: ActionWriter | None = None
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], *, batch_dict: type = collections.OrderedDict,
-                 **options: Any) -> None:
+                 pickled_batch: Callable[[list], Any] = tuple, **options: Any) -> None:
         self.status = status = Status(options.get("public_name", "ShmVecEnv"))
         opts, env_fns = Options.build(env_fns, **options)
         self.options = opts
@@ -105,7 +105,7 @@ class Engine:
         self.channel = Channel(workers, status, self.seqs, max(opts.timeout, START_TIMEOUT_FLOOR_S)
                                if opts.timeout is not None else None)
         try:
-            self._start()
+            self._start(pickled_batch)  # pickled_batch: a tuple (Gymnasium), np.stack (SB3)
         except BaseException as exc:
             status.close()
             if isinstance(exc, WorkerTimeoutError):
@@ -119,7 +119,7 @@ class Engine:
         status.enter(IDLE)
 
     # ---- start-up -----------------------------------------------------------------------------------
-    def _start(self) -> None:
+    def _start(self, pickled_batch: Callable[[list], Any]) -> None:
         workers, channel, n = self.workers, self.channel, self.n_workers
         assert workers is not None
         workers.launch_all()
@@ -131,12 +131,7 @@ class Engine:
             raise
         obs_space, act_space, render_mode, metadata, _ = hellos[0]
         for w, (o, a, *_) in enumerate(hellos[1:], start=1):
-            for name, mine, first in (("observation_space", o, obs_space), ("action_space", a, act_space)):
-                if mine != first:
-                    raise SpaceError(
-                        f"env {self.slices[w].start} has {name} {mine}, env 0 has {first}: "
-                        "all envs of a vec env must share their spaces."
-                    )
+            check_same_spaces(self.slices[w].start, (o, a), 0, (obs_space, act_space))
         mask_size = _masks.resolve(self.options.action_masks, all(h[4] for h in hellos), act_space)
         mailbox_bytes = self.options.mailbox_bytes
         layout = Layout(obs_space, act_space, self.slices[-1].stop, n, mailbox_bytes, mask_size)
@@ -160,14 +155,15 @@ class Engine:
         views = self.views = workers.views = layout.views(shm.buf)
         self._cmd_words = [(P.word(w, P.CMD_SEQ), P.word(w, P.CMD), P.word(w, P.CMD_SLEEPERS)) for w in range(n)]
         self._result_words = [(P.word(w, P.STATUS), P.word(w, P.RESULT_LEN)) for w in range(n)]
-        self.obs_view = make_gather(obs_space, views.obs, copy=False, top_dict=self._batch_dict)
-        self.obs_copy = make_gather(obs_space, views.obs, copy=True, top_dict=self._batch_dict)
+        self.pickled = pickled = pickled_leaves(layout, views, self.slices, self.options.restart)  # None: plain
+        self.obs_view = make_gather(obs_space, views.obs, copy=False, top_dict=self._batch_dict, batch=pickled_batch)
+        self.obs_copy = make_gather(obs_space, views.obs, copy=True, top_dict=self._batch_dict, batch=pickled_batch)
         self.term_obs = make_gather(obs_space, views.term_obs, copy=True)
         self.actions = ActionWriter(act_space, layout.act_leaves, views.act, layout.n_envs,
-                                    self.options.invalid_actions)
+                                    self.options.invalid_actions, pickled and pickled.for_actions(views, self.words))
         # The step's short way for the usual spaces: one observation leaf (a Box, Discrete, ...)
         # and one action leaf whose batch copy_actions checks and copies in one C call.
-        single_obs = list(views.obs) == [()]
+        single_obs = list(views.obs) == [()] and not layout.obs_pickled
         self.obs_leaf = views.obs[()] if single_obs else None
         # (Not a scalar float Box: its row would come back a numpy scalar; term_obs gives a 0-d array.)
         self.term_leaf = views.term_obs[()] if single_obs and not scalar_float_box(obs_space) else None
@@ -215,9 +211,15 @@ class Engine:
             raise AlreadyPendingCallError(
                 "step_async() while a step is in flight (a step_async() without its step_wait(), or a step "
                 "interrupted by Ctrl-C): call step_wait() to collect it, or reset()")
-        self.actions.write(actions)
-        # Restarted envs that await their truncation report are not stepped.
-        self.post(P.Cmd.STEP, skip=self.restarts.fresh if self.restarts is not None else ())
+        in_pipe = self.actions.write(actions)  # pickled actions too large for a mailbox (None: none)
+        try:  # (restarted envs that await their truncation report are not stepped)
+            self.post(P.Cmd.STEP, skip=self.restarts.fresh if self.restarts is not None else ())
+            if in_pipe:
+                self.channel.send_args(in_pipe, "step", False)
+        except BaseException as exc:  # posted with actions still to send: the step cannot be collected
+            if in_pipe:
+                self.status.fail(exc)
+            raise
 
     def complete_step(self) -> list[list]:
         """The workers' items of the step in flight: waits for them the first time (state DONE
@@ -408,7 +410,7 @@ class Engine:
                 raise error
             finally:
                 error = exc = None  # a local holding it would hold this frame (and self) through its traceback
-        return results
+        return results if self.pickled is None else self.pickled.take_all(results)  # keeps the leaves' values
 
     def _late(self, command: str, limit: float) -> BaseException:
         """WorkerTimeoutError for the workers that have not answered ``command``, recorded."""
