@@ -34,6 +34,7 @@ import numpy as np
 from gymnasium import spaces
 
 from shmvec._errors import InvalidActionError, InvalidActionWarning
+from shmvec._protocol import ARG_IN_PIPE, ARG_LEN, word
 from shmvec._rows import ACTIONS_COPY, ACTIONS_NO_NAN, ACTIONS_RANGE, copy_actions
 
 INVALID_ACTIONS = ("raise", "warn", "ignore")
@@ -272,19 +273,27 @@ def _count_error(space: spaces.Space, n_actions: int, n_rows: int, rows: str) ->
 class ActionWriter:
     """Writes a batch of actions into the shared action buffers, checking it once on the way.
 
-    ``leaves`` are the action space's leaves (:func:`shmvec._layout.space_leaves`), ``buffers``
-    the shared arrays by leaf path.  The usual batch (an ndarray of the right shape and dtype
-    whose values pass the check) is checked and copied in one C call; anything else is reshaped
-    (one row per env), cast where that is exact, checked (NaN, out of range: ``policy``), copied.
-    A ``Dict`` or ``Tuple`` action space takes the batched form (nested like the space) or a
-    sequence of per-env actions (:func:`is_per_env`), stacked leaf by leaf.
+    ``leaves`` are the action space's leaves with a buffer (:class:`shmvec._layout.Layout`'s
+    ``act_leaves``), ``buffers`` the shared arrays by leaf path.  The usual batch (an ndarray of
+    the right shape and dtype whose values pass the check) is checked and copied in one C call;
+    anything else is reshaped (one row per env), cast where that is exact, checked (NaN, out of
+    range: ``policy``), copied.  A ``Dict`` or ``Tuple`` action space takes the batched form
+    (nested like the space) or a sequence of per-env actions (:func:`is_per_env`), stacked leaf
+    by leaf.
+
+    ``pickled``: for an action space with leaves without a fixed size, ``(messages, mailbox,
+    words)``: ``messages(actions)`` gives each worker's pickle of their values
+    (``shmvec._pickled_leaves.PickledLeaves.action_messages``), which go into the workers'
+    mailboxes and ARG_LEN words, or through their pipes when larger (:meth:`write` returns those).
     """
 
-    def __init__(self, action_space: spaces.Space, leaves: list, buffers: Any, n_envs: int, policy: str) -> None:
+    def __init__(self, action_space: spaces.Space, leaves: list, buffers: Any, n_envs: int, policy: str,
+                 pickled: tuple[Callable[[Any], list[bytes]], np.ndarray, Any] | None = None) -> None:
         self.space = action_space
         self.leaves = list(leaves)
         self.buffers = buffers
         self.n_envs = n_envs
+        self.pickled = pickled
         paths = [leaf.path for leaf in self.leaves]
         self.root = len(self.leaves) == 1 and paths[0] == ()  # the space is one leaf (a Box, Discrete, ...)
         # The usual batched form's type: a dict for a Dict space, a tuple for a Tuple space.
@@ -293,33 +302,49 @@ class ActionWriter:
         self.checks = make_action_checks(action_space, paths, policy)
         self.fast = make_fast_copies(action_space, paths, policy)
         # One action leaf whose batch copy_actions checks and copies in one C call: (buffer, *args).
-        fast = self.fast.get(()) if len(self.leaves) == 1 else None
+        fast = self.fast.get(()) if len(self.leaves) == 1 and pickled is None else None
         self.single = (buffers[()], *fast) if fast is not None else None
 
     def release(self) -> None:
         """Drops the views of the buffers (before they are unmapped): a traceback that keeps a frame
         of :meth:`write` keeps this object, which must not keep the mapping."""
-        self.buffers = self.single = None
+        self.buffers = self.single = self.pickled = None
 
-    def write(self, actions: Any) -> None:
-        """:raises ValueError: the actions do not fit the space (shape, dtype, the number of per-env
-        actions); ``InvalidActionError`` (a ValueError): NaN or out of range, naming the envs
-        (``invalid_actions="raise"``)."""
+    def write(self, actions: Any) -> dict[int, bytes] | None:
+        """:returns: with leaves without a fixed size, the pickles of their values to send through
+            the workers' pipes once the step is posted, by worker (the others are in the mailboxes).
+        :raises ValueError: the actions do not fit the space (shape, dtype, the number of per-env
+            actions; a leaf without a fixed size: not one value per env); ``InvalidActionError`` (a
+            ValueError): NaN or out of range, naming the envs (``invalid_actions="raise"``); what
+            pickling a value raised."""
+        messages = self.pickled[0](actions) if self.pickled is not None else None  # raises before any write
         if self.root:
             self._write_leaf(self.leaves[0], actions)
-            return
-        if not self._usual_batch(actions, self.n_envs) and is_per_env(self.space, actions, self.n_envs):
+        elif not self._usual_batch(actions, self.n_envs) and is_per_env(self.space, actions, self.n_envs):
             for leaf, column in zip(self.leaves, self._columns(actions, self.n_envs, "envs")):
                 self._write_leaf(leaf, column)
-            return
-        for leaf in self.leaves:
-            value = actions
-            try:
-                for key in leaf.path:
-                    value = value[key]
-            except (KeyError, IndexError, TypeError):
-                raise self._no_batch(actions, leaf.path, self.n_envs) from None
-            self._write_leaf(leaf, value)
+        else:
+            for leaf in self.leaves:
+                value = actions
+                try:
+                    for key in leaf.path:
+                        value = value[key]
+                except (KeyError, IndexError, TypeError):
+                    raise self._no_batch(actions, leaf.path, self.n_envs) from None
+                self._write_leaf(leaf, value)
+        return self._put_messages(messages) if messages is not None else None
+
+    def _put_messages(self, messages: list[bytes]) -> dict[int, bytes]:
+        # (No local name for a view of the block: see _write_leaf.)
+        in_pipe: dict[int, bytes] = {}
+        for w, data in enumerate(messages):
+            if len(data) >= self.pickled[1].shape[1]:  # larger than the mailbox: the pipe, once posted
+                in_pipe[w], arg_len = data, ARG_IN_PIPE
+            else:
+                self.pickled[1][w, :len(data)] = np.frombuffer(data, dtype=np.uint8)
+                arg_len = len(data)
+            self.pickled[2].store(word(w, ARG_LEN), arg_len)
+        return in_pipe
 
     def leaf_values(self, actions: Any, n_rows: int, rows: str = "envs") -> list:
         """Each leaf's batch in ``actions``, in the order of :attr:`leaves`: taken from the batched

@@ -56,6 +56,7 @@ from shmvec._describe import describe_env_fns
 from shmvec._layout import make_gather, scalar_float_box
 from shmvec._machine import set_forkserver_preload
 from shmvec._options import Options
+from shmvec._pickled_leaves import pickled_leaves
 from shmvec._pickling import pickle_factories
 from shmvec._registrations import pack_registrations
 from shmvec._restarts import Restarts
@@ -85,7 +86,7 @@ class Engine:
     actions: ActionWriter | None = None
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], *, batch_dict: type = collections.OrderedDict,
-                 **options: Any) -> None:
+                 pickled_batch: Callable[[list], Any] = tuple, **options: Any) -> None:
         self.status = status = Status(options.get("public_name", "ShmVecEnv"))
         opts, env_fns = Options.build(env_fns, **options)
         self.options = opts
@@ -107,7 +108,7 @@ class Engine:
         self.channel = Channel(workers, status, self.seqs, max(opts.timeout, START_TIMEOUT_FLOOR_S)
                                if opts.timeout is not None else None)
         try:
-            self._start()
+            self._start(pickled_batch)  # pickled_batch: a tuple (Gymnasium), np.stack (SB3)
         except BaseException as exc:
             status.close()
             if isinstance(exc, WorkerTimeoutError):
@@ -121,7 +122,7 @@ class Engine:
         status.enter(IDLE)
 
     # ---- start-up -----------------------------------------------------------------------------------
-    def _start(self) -> None:
+    def _start(self, pickled_batch: Callable[[list], Any]) -> None:
         workers, n = self.workers, self.n_workers
         assert workers is not None
         layout, metadata = workers.start(self.channel, self.masks_live, self.registrations.left_out)
@@ -134,14 +135,15 @@ class Engine:
         views = self.views = workers.views = layout.views(workers.shm.buf)
         self._cmd_words = [(P.word(w, P.CMD_SEQ), P.word(w, P.CMD), P.word(w, P.CMD_SLEEPERS)) for w in range(n)]
         self._result_words = [(P.word(w, P.STATUS), P.word(w, P.RESULT_LEN)) for w in range(n)]
-        self.obs_view = make_gather(obs_space, views.obs, copy=False, top_dict=self._batch_dict)
-        self.obs_copy = make_gather(obs_space, views.obs, copy=True, top_dict=self._batch_dict)
+        self.pickled = pickled = pickled_leaves(layout, views, self.slices, self.options.restart)  # None: plain
+        self.obs_view = make_gather(obs_space, views.obs, copy=False, top_dict=self._batch_dict, batch=pickled_batch)
+        self.obs_copy = make_gather(obs_space, views.obs, copy=True, top_dict=self._batch_dict, batch=pickled_batch)
         self.term_obs = make_gather(obs_space, views.term_obs, copy=True)
         self.actions = ActionWriter(act_space, layout.act_leaves, views.act, layout.n_envs,
-                                    self.options.invalid_actions)
+                                    self.options.invalid_actions, pickled and pickled.for_actions(views, self.words))
         # The step's short way for the usual spaces: one observation leaf (a Box, Discrete, ...)
         # and one action leaf whose batch copy_actions checks and copies in one C call.
-        single_obs = list(views.obs) == [()]
+        single_obs = list(views.obs) == [()] and not layout.obs_pickled
         self.obs_leaf = views.obs[()] if single_obs else None
         # (Not a scalar float Box: its row would come back a numpy scalar; term_obs gives a 0-d array.)
         self.term_leaf = views.term_obs[()] if single_obs and not scalar_float_box(obs_space) else None
@@ -189,9 +191,15 @@ class Engine:
             raise AlreadyPendingCallError(
                 "step_async() while a step is in flight (a step_async() without its step_wait(), or a step "
                 "interrupted by Ctrl-C): call step_wait() to collect it, or reset()")
-        self.actions.write(actions)
-        # Restarted envs that await their truncation report are not stepped.
-        self.post(P.Cmd.STEP, skip=self.restarts.fresh if self.restarts is not None else ())
+        in_pipe = self.actions.write(actions)  # pickled actions too large for a mailbox (None: none)
+        try:  # (restarted envs that await their truncation report are not stepped)
+            self.post(P.Cmd.STEP, skip=self.restarts.fresh if self.restarts is not None else ())
+            if in_pipe:
+                self.channel.send_args(in_pipe, "step", False)
+        except BaseException as exc:  # posted with actions still to send: the step cannot be collected
+            if in_pipe:
+                self.status.fail(exc)
+            raise
 
     def complete_step(self) -> list[list]:
         """The workers' items of the step in flight: waits for them the first time (state DONE
@@ -385,7 +393,7 @@ class Engine:
                 raise error
             finally:
                 error = exc = None  # a local holding it would hold this frame (and self) through its traceback
-        return results
+        return results if self.pickled is None else self.pickled.take_all(results)  # keeps the leaves' values
 
     def _late(self, command: str, limit: float) -> BaseException:
         """WorkerTimeoutError for the workers that have not answered ``command``, recorded."""

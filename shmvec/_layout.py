@@ -3,7 +3,10 @@
 Both the parent and the workers build a :class:`Layout` from the same
 arguments, so only the segment's name and these arguments cross the pipe.
 A space is split into leaves (``Box``, ``Discrete``, ``MultiDiscrete``,
-``MultiBinary``), one buffer per leaf; ``Dict`` and ``Tuple`` nest.
+``MultiBinary``), one buffer per leaf; ``Dict`` and ``Tuple`` nest.  A leaf without a fixed size
+(``Text``, ``Sequence``, ``Graph``, ``OneOf``, any other ``Space``) has no buffer: its values
+travel pickled in the workers' messages (:mod:`shmvec._pickled_leaves`), and the gathers and
+scatters below take a Python list with one slot per env in its place.
 """
 
 from __future__ import annotations
@@ -35,17 +38,22 @@ class Leaf:
     path: Path
     shape: tuple[int, ...]
     dtype: np.dtype
+    pickled: bool = False  # no fixed size: its values travel pickled, not in a buffer
 
 
 @singledispatch
 def space_leaves(space: spaces.Space, path: Path = ()) -> list[Leaf]:
-    """The leaves of ``space``; raises SpaceError for spaces without a fixed size."""
+    """The leaves of ``space``: a ``Space`` without a fixed size (``Text``, ``Sequence``,
+    ``Graph``, ``OneOf``, a custom subclass) is one pickled leaf.
+
+    :raises SpaceError: something that is not a ``gymnasium.spaces.Space``.
+    """
+    if isinstance(space, spaces.Space):
+        return [Leaf(path, (), np.dtype(object), pickled=True)]
     where = "the space" if not path else f"the subspace at {list(path)}"
     raise SpaceError(
-        f"{where} is {type(space).__name__}, which shmvec cannot hold in fixed-size shared memory. "
-        "Supported: Box, Discrete, MultiDiscrete, MultiBinary, and Dict/Tuple of these. "
-        "For Text/Graph/Sequence observations, encode them into a Box (for example padded arrays) in a wrapper, "
-        "or use SubprocVecEnv for this env."
+        f"{where} is {type(space).__name__}, not a gymnasium.spaces.Space: shmvec runs Gymnasium envs (wrap an "
+        "old Gym env with shimmy's compatibility wrappers inside the factory)."
     )
 
 
@@ -77,6 +85,17 @@ def _(space: spaces.Dict, path: Path = ()) -> list[Leaf]:
 @space_leaves.register
 def _(space: spaces.Tuple, path: Path = ()) -> list[Leaf]:
     return [leaf for i, sub in enumerate(space.spaces) for leaf in space_leaves(sub, path + (i,))]
+
+
+def check_same_spaces(i: int, mine: tuple, first_i: int, first: tuple) -> None:
+    """:raises SpaceError: env ``i``'s ``(observation_space, action_space)`` differ from env ``first_i``'s;
+    when they print the same, it says why (a ``Space`` subclass without ``__eq__``)."""
+    for name, a, b in zip(("observation_space", "action_space"), mine, first):
+        if a != b:
+            raise SpaceError(
+                f"env {i} has {name} {a}, env {first_i} has {b}: all envs of a vec env must share their spaces."
+                + ("" if repr(a) != repr(b) else " (They print the same: a Space subclass without __eq__ compares by "
+                   "identity, so that no two instances are equal; define __eq__ on it, as Gymnasium's spaces do.)"))
 
 
 def _path_key(leaf: Leaf) -> tuple:
@@ -139,8 +158,12 @@ class Layout:
         self.n_envs = n_envs
         self.n_workers = n_workers
         self.mailbox_bytes = mailbox_bytes
-        self.obs_leaves = space_leaves(observation_space)
-        self.act_leaves = space_leaves(action_space)
+        obs_all, act_all = space_leaves(observation_space), space_leaves(action_space)
+        # Leaves with a buffer; the paths of those without one (pickled), in the buffers' order.
+        self.obs_leaves = [leaf for leaf in obs_all if not leaf.pickled]
+        self.act_leaves = [leaf for leaf in act_all if not leaf.pickled]
+        self.obs_pickled = [leaf.path for leaf in sorted(obs_all, key=_path_key) if leaf.pickled]
+        self.act_pickled = [leaf.path for leaf in sorted(act_all, key=_path_key) if leaf.pickled]
         self._entries: list[tuple[str, Any, int, tuple[int, ...], np.dtype]] = []
         offset = 0
 
@@ -181,12 +204,22 @@ class Layout:
 
 
 class Views:
-    """Numpy arrays over one mapping of the block.  Drop every reference before closing the mapping."""
+    """Numpy arrays over one mapping of the block.  Drop every reference before closing the mapping.
+
+    In ``obs``, ``term_obs`` and ``act`` a leaf without a fixed size has, in place of a buffer, a
+    list of this process's values of it (one slot per env), filled from the messages that carry
+    them (shmvec._pickled_leaves).
+    """
 
     def __init__(self, layout: Layout, arrays: dict[tuple[str, Any], np.ndarray]) -> None:
-        self.obs = {leaf.path: arrays[("obs", leaf.path)] for leaf in layout.obs_leaves}
-        self.term_obs = {leaf.path: arrays[("term_obs", leaf.path)] for leaf in layout.obs_leaves}
-        self.act = {leaf.path: arrays[("act", leaf.path)] for leaf in layout.act_leaves}
+        n = layout.n_envs
+        self.obs: dict[Path, Any] = {leaf.path: arrays[("obs", leaf.path)] for leaf in layout.obs_leaves}
+        self.term_obs: dict[Path, Any] = {leaf.path: arrays[("term_obs", leaf.path)] for leaf in layout.obs_leaves}
+        self.act: dict[Path, Any] = {leaf.path: arrays[("act", leaf.path)] for leaf in layout.act_leaves}
+        for path in layout.obs_pickled:
+            self.obs[path], self.term_obs[path] = [None] * n, [None] * n
+        for path in layout.act_pickled:
+            self.act[path] = [None] * n
         self.rew = arrays[("rew", None)]
         self.terminated = arrays[("terminated", None)]
         self.truncated = arrays[("truncated", None)]
@@ -203,29 +236,35 @@ def scalar_float_box(space: spaces.Space) -> bool:
     return isinstance(space, spaces.Box) and space.shape == () and np.issubdtype(space.dtype, np.floating)
 
 
-def make_gather(space: spaces.Space, leaves: dict[Path, np.ndarray], copy: bool,
-                top_dict: type = dict) -> Callable[[Any], Any]:
+def make_gather(space: spaces.Space, leaves: dict[Path, Any], copy: bool,
+                top_dict: type = dict, batch: Callable[[list], Any] = tuple) -> Callable[[Any], Any]:
     """Returns ``f(index)`` that assembles a structured value from the leaf buffers.
 
     ``index`` is an int (one env) or a slice (a batch).  With ``copy`` the
     result owns its memory; without, it is a view of the buffers.  ``top_dict``: the type of a
-    top-level ``Dict``'s value (SB3's vec envs return an ``OrderedDict`` batch).
+    top-level ``Dict``'s value (SB3's vec envs return an ``OrderedDict`` batch).  A pickled leaf
+    (a list in ``leaves``, one value per env) gives env i's value for an int, and ``batch`` of the
+    values for a slice or an array of indices (Gymnasium: a tuple; SB3: see shmvec._pickled_leaves).
     """
-    f = _gather(space, (), leaves, copy)
+    f = _gather(space, (), leaves, copy, batch)
     if top_dict is not dict and isinstance(space, spaces.Dict):
         return lambda i: top_dict(f(i))
     return f
 
 
-def _gather(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], copy: bool) -> Callable[[Any], Any]:
+def _gather(space: spaces.Space, path: Path, leaves: dict[Path, Any], copy: bool,
+            batch: Callable[[list], Any] = tuple) -> Callable[[Any], Any]:
     # Module-level recursion: a nested function that calls itself would form a reference
     # cycle holding the buffers until the garbage collector runs, and the mapping could
     # not be closed.
+    arr = leaves.get(path)
+    if type(arr) is list:  # a pickled leaf (Text, Sequence, ...): one value per env
+        return _gather_values(arr, batch)
     if isinstance(space, spaces.Dict):
-        parts = [(key, _gather(s, path + (key,), leaves, copy)) for key, s in space.spaces.items()]
+        parts = [(key, _gather(s, path + (key,), leaves, copy, batch)) for key, s in space.spaces.items()]
         return lambda i: {key: f(i) for key, f in parts}
     if isinstance(space, spaces.Tuple):
-        items = [_gather(s, path + (k,), leaves, copy) for k, s in enumerate(space.spaces)]
+        items = [_gather(s, path + (k,), leaves, copy, batch) for k, s in enumerate(space.spaces)]
         return lambda i: tuple(f(i) for f in items)
     arr = leaves[path]
     if arr.ndim == 1 and scalar_float_box(space):
@@ -240,20 +279,37 @@ def _gather(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], cop
     return arr.__getitem__
 
 
-def make_scatter(space: spaces.Space, leaves: dict[Path, np.ndarray], what: str,
+def _gather_values(values: list, batch: Callable[[list], Any]) -> Callable[[Any], Any]:
+    """A pickled leaf's gather: env i's value itself (each arrives unpickled, an object of its own,
+    so a copy would add nothing), or ``batch`` of the values of a slice or of an index array."""
+    def gather(i: Any) -> Any:
+        if isinstance(i, slice):
+            return batch(values[i])
+        if isinstance(i, np.ndarray):
+            return batch([values[k] for k in i.tolist()])
+        return values[i]
+
+    return gather
+
+
+def make_scatter(space: spaces.Space, leaves: dict[Path, Any], what: str,
                  at: tuple[Any, int] | None = None) -> Callable[[int, Any], None]:
     """Returns ``f(index, value)`` that writes one env's structured value into the leaf buffers.
 
     Checks the shape of every leaf (numpy would otherwise broadcast silently)
     and that its dtype casts to the buffer's within the same kind; raises
-    ObservationError naming the field.  ``at``: ``(words, index)`` of a word that each write
+    ObservationError naming the field.  A pickled leaf (a list in ``leaves``) takes the value
+    into slot ``index`` as it is.  ``at``: ``(words, index)`` of a word that each write
     of row ``i`` sets to ``i + 1`` (a worker's ENV_AT, see ``shmvec._rows.RowWriter``).
     """
     return _scatter(space, (), leaves, what, at)
 
 
-def _scatter(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], what: str,
+def _scatter(space: spaces.Space, path: Path, leaves: dict[Path, Any], what: str,
              at: tuple[Any, int] | None = None) -> Callable[[int, Any], None]:
+    values = leaves.get(path)
+    if type(values) is list:  # a pickled leaf: kept as it is, sent in the worker's message
+        return _scatter_values(values, at)
     if isinstance(space, (spaces.Dict, spaces.Tuple)):
         if isinstance(space, spaces.Dict):
             keyed = list(space.spaces.items())
@@ -297,6 +353,20 @@ def _scatter(space: spaces.Space, path: Path, leaves: dict[Path, np.ndarray], wh
         # else falls through to scatter_leaf, which converts, checks and raises as before.
         return RowWriter(arr, scatter_leaf) if at is None else RowWriter(arr, scatter_leaf, *at)
     return scatter_leaf
+
+
+def _scatter_values(values: list, at: tuple[Any, int] | None) -> Callable[[int, Any], None]:
+    """A pickled leaf's scatter: env i's value into slot i (unchecked, as SubprocVecEnv and
+    SyncVectorEnv take it); with ``at``, sets that word to ``i + 1`` as RowWriter does."""
+    if at is None:
+        return values.__setitem__
+    words, index = at
+
+    def scatter(i: int, value: Any) -> None:
+        values[i] = value
+        words.store(index, i + 1)
+
+    return scatter
 
 
 def _fmt(path: Path) -> str:

@@ -16,7 +16,8 @@ computed identically on both sides by :class:`shmvec._layout.Layout`)::
     mailboxes       n_workers x mailbox_bytes: pickled seeds/options (and a
                     reset mask) going in, non-empty infos coming out (in the
                     info codec of shmvec._codec, first byte INFO_CODEC_MAGIC,
-                    or pickled when the codec does not carry a value)
+                    or pickled when the codec does not carry a value); and the
+                    values of leaves without a fixed size (below)
     action masks    bool (n_envs, mask_size), only with action masks on
                     (shmvec._masks; mask_size travels in the attach message)
 
@@ -93,6 +94,16 @@ worker has its command, because the woken worker may take the core at once.
 Safety does not depend on the hint: the last worker to decrement PENDING still
 calls wake_sleepers (a no-op when the parent spins), and a parent woken early
 that missed EARLY_WAKE just sleeps again.  A wrong hint costs time only.
+
+Leaves without a fixed size (Text, Sequence, Graph, OneOf, custom spaces)
+------------------------------------------------------------------------
+Such a leaf has no buffer; its values ride on the messages above
+(shmvec._pickled_leaves).  With a pickled action leaf, step 1 of every STEP
+writes each worker's pickled action values into its mailbox and ARG_LEN[w]
+(ARG_IN_PIPE and the pipe when larger), and the worker reads them first in
+step 5.  With a pickled observation leaf, every STEP and RESET result of step
+5 is (items, the slice's values of each such leaf, the terminal values of the
+envs that ended) in place of the items, encoded and sent as results are.
 
 Action masks (sb3-contrib's MaskablePPO)
 ----------------------------------------

@@ -24,9 +24,10 @@ import gymnasium as gym
 from shmvec import _crash
 from shmvec import _protocol as P
 from shmvec._codec import encode_infos
-from shmvec._errors import ShmVecEnvError, SpaceError, pack_exception
-from shmvec._layout import Layout, close_mapping, make_gather, make_scatter
+from shmvec._errors import ShmVecEnvError, pack_exception
+from shmvec._layout import Layout, check_same_spaces, close_mapping, make_gather, make_scatter
 from shmvec._masks import has_action_masks, write_mask
+from shmvec._pickled_leaves import WorkerLeaves
 from shmvec._pickling import dumps
 from shmvec._pool import PoolServer
 from shmvec._registrations import explain_not_found, register_missing
@@ -121,16 +122,14 @@ def _build_envs(env_fns_bytes: bytes, env_range: range, envs: list[gym.Env], at:
     first = envs[0]
     for i, env in zip(env_range, envs):
         at[0] = i
-        for attr in ("observation_space", "action_space"):
-            if getattr(env, attr) != getattr(first, attr):
-                raise SpaceError(
-                    f"env {i} has {attr} {getattr(env, attr)}, env {env_range.start} has {getattr(first, attr)}: "
-                    "all envs of a vec env must share their spaces."
-                )
+        check_same_spaces(i, (env.observation_space, env.action_space), env_range.start,
+                          (first.observation_space, first.action_space))
     at[0] = None
 
 
 class _Worker:
+    leaves: WorkerLeaves | None = None  # values of the leaves without a fixed size (shmvec._pickled_leaves)
+
     def __init__(self, index: int, env_range: range, envs: list[gym.Env], conn: Connection,
                  parent: _ParentWatch, spin: float, autoreset: str = P.AUTORESET_SAME_STEP) -> None:
         self.index = index
@@ -187,9 +186,11 @@ class _Worker:
         self.mailbox_bytes = mailbox_bytes
         self.mailbox = memoryview(views.mailbox[self.index])
         self.rew, self.terminated, self.truncated = views.rew, views.terminated, views.truncated
+        if layout.obs_pickled or layout.act_pickled:  # leaves without a fixed size: lists of values in views
+            self.leaves = WorkerLeaves(layout, views, self.start, self.stop, self.autoreset == P.AUTORESET_SAME_STEP)
         # One private copy of this worker's actions per step, handed out env by env: an env
         # that keeps its action never sees the next step's.
-        act_slice = make_gather(env.action_space, views.act, copy=True)
+        act_slice = make_gather(env.action_space, views.act, copy=True, batch=list)
         own = slice(self.start, self.stop)
         n = self.stop - self.start
         if isinstance(env.action_space, (gym.spaces.Dict, gym.spaces.Tuple)):
@@ -199,6 +200,12 @@ class _Worker:
         # Each observation written sets ENV_AT to the next env: the env a step loop is in.
         self.write_obs = make_scatter(env.observation_space, views.obs, "observation", (self.words, self._env_at))
         self.write_term = make_scatter(env.observation_space, views.term_obs, "observation")
+        if layout.act_pickled:  # the step's pickled actions come first (shmvec._pickled_leaves)
+            read_actions = self.read_actions
+            self.read_actions = lambda: (self._load_actions(), read_actions())[1]
+        if layout.obs_pickled:  # the step's result carries the pickled observation values
+            body, leaves = self.step_body, self.leaves
+            self.step_body = lambda: leaves.message(body(), self.terminated, self.truncated)
         # The last command seen, read before this worker reports "ready": the parent posts nothing
         # before every worker is ready, and may post the first command before serve() starts.
         self.seen = self.words.load(P.word(self.index, P.CMD_SEQ))
@@ -208,6 +215,7 @@ class _Worker:
             self.pool.detach()
             self.pool = None
         self.read_actions = self.write_obs = self.write_term = None  # type: ignore[assignment]
+        self.leaves = None
         self.rew = self.terminated = self.truncated = None  # type: ignore[assignment]
         self.masks = None
         if getattr(self, "mailbox", None) is not None:
@@ -313,9 +321,11 @@ class _Worker:
         try:
             data = dumps(items)
         except Exception:
-            for item in items:  # name the env whose info cannot be sent
-                self.current = item[0]
-                dumps(item)
+            # Name the env whose info (or observation, for leaves without a fixed size) cannot be sent.
+            parts = self.leaves.per_env(items) if type(items) is tuple else [(item[0], item) for item in items]
+            for i, part in parts:
+                self.current = i
+                dumps(part)
             raise
         n = len(data)
         if n < self.mailbox_bytes:
@@ -323,6 +333,25 @@ class _Worker:
             return n
         self.outbox = data  # sent after the command completes (protocol step 6b)
         return P.RESULT_IN_PIPE
+
+    def _arg(self, give_up: Any, what: str) -> Any:
+        """The posted command's argument bytes (None: none): the mailbox's first ARG_LEN, or the
+        pipe's message when it was larger (ARG_IN_PIPE), giving up once ``give_up()`` is true."""
+        arg_len = self.words.load(P.word(self.index, P.ARG_LEN))
+        if arg_len != P.ARG_IN_PIPE:
+            return self.mailbox[:arg_len] if arg_len else None
+        data = _recv_bytes_or_give_up(self.conn, self.parent, give_up)
+        if data is None:
+            raise ShmVecEnvError(f"{what} abandoned: the parent stopped sending its arguments (interrupted)")
+        return data
+
+    def _load_actions(self) -> None:
+        """The step's pickled action values (shmvec._pickled_leaves), read first.  A CLOSE posted
+        meanwhile (the parent was interrupted before it sent them) ends the wait."""
+        words, cmd_word, seq_word = self.words, P.word(self.index, P.CMD), P.word(self.index, P.CMD_SEQ)
+        seq = words.load(seq_word)
+        self.leaves.load_actions(self._arg(lambda: words.load(cmd_word) != P.Cmd.STEP
+                                           or words.load(seq_word) != seq, "step"))
 
     def _step(self) -> list:
         start = self.start
@@ -409,15 +438,9 @@ class _Worker:
         """RESET (seq: its CMD_SEQ, to see a CLOSE posted while a piped argument is read)."""
         words = self.words
         assert words is not None
-        arg_len = words.load(P.word(self.index, P.ARG_LEN))
-        if arg_len == P.ARG_IN_PIPE:  # larger than the mailbox: sent through the pipe once posted
-            seq_word = P.word(self.index, P.CMD_SEQ)
-            data = _recv_bytes_or_give_up(self.conn, self.parent, lambda: words.load(seq_word) != seq)
-            if data is None:
-                raise ShmVecEnvError("reset abandoned: the parent stopped sending its arguments (interrupted)")
-            args = pickle.loads(data)
-        else:
-            args = pickle.loads(self.mailbox[:arg_len]) if arg_len else (None, None)
+        seq_word = P.word(self.index, P.CMD_SEQ)  # an argument larger than the mailbox comes through the pipe
+        data = self._arg(lambda: words.load(seq_word) != seq, "reset")
+        args = pickle.loads(data) if data is not None else (None, None)
         seeds, options = args[0], args[1]
         mask = args[2] if len(args) > 2 else None  # reset only these envs (Gymnasium's reset_mask)
         items = []
@@ -436,7 +459,8 @@ class _Worker:
         self.was_reset = True
         if self.masks_on:
             self._write_masks(range(self.start, self.stop))
-        return items
+        # With pickled observation leaves the result carries every env's values (shmvec._pickled_leaves).
+        return items if self.leaves is None or not self.leaves.obs else self.leaves.message(items, None, None)
 
     def _pipe_command(self, seq: int) -> None:
         # Posted first, sent after (protocol, "Rare commands"): wait for the message, for the

@@ -34,7 +34,7 @@ from gymnasium import spaces
 from shmvec import _crash
 from shmvec import _protocol as P
 from shmvec._errors import ShmVecEnvError, SpaceError, WorkerDiedError, WorkerStacks, describe_exitcode
-from shmvec._layout import Layout, close_mapping
+from shmvec._layout import Layout, check_same_spaces, close_mapping
 from shmvec._masks import resolve as resolve_masks
 from shmvec._options import Options
 from shmvec._registrations import explain_not_found
@@ -192,12 +192,7 @@ class WorkerSet:
                         f"gymnasium.spaces.Space: set self.{name} in the env's __init__ (or in a wrapper).")
         obs_space, act_space, _, metadata, _ = hellos[0]
         for w, (o, a, *_) in enumerate(hellos[1:], start=1):
-            for name, mine, first in (("observation_space", o, obs_space), ("action_space", a, act_space)):
-                if mine != first:
-                    raise SpaceError(
-                        f"env {self.slices[w].start} has {name} {mine}, env 0 has {first}: "
-                        "all envs of a vec env must share their spaces."
-                    )
+            check_same_spaces(self.slices[w].start, (o, a), 0, (obs_space, act_space))
         mask_size = resolve_masks(opts.action_masks, all(h[4] for h in hellos), act_space)
         layout = Layout(obs_space, act_space, self.slices[-1].stop, n, opts.mailbox_bytes, mask_size)
         shm = self.create_block(layout.nbytes)

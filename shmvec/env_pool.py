@@ -37,7 +37,7 @@ from shmvec._actions import batch_array, exact_integers
 from shmvec._codec import load_result
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
-from shmvec._errors import InvalidActionError, ShmVecEnvError, WorkerTimeoutError
+from shmvec._errors import InvalidActionError, ShmVecEnvError, SpaceError, WorkerTimeoutError
 from shmvec._layout import close_mapping, make_gather
 from shmvec._queue import IndexQueue, push_in_flight, release_in_flight, send_ids_valid
 from shmvec._rows import copy_actions
@@ -145,6 +145,14 @@ def write_action_rows(engine: Engine, actions: Any, ids: np.ndarray) -> None:
                 raise by_env_id(exc, ids) from None
         engine.views.act[leaf.path][ids] = arr.astype(leaf.dtype, copy=False)
 
+def no_pickled_leaves(engine: Engine) -> SpaceError:
+    return SpaceError(
+        f"the pools (ShmEnvPool, ShmVecEnvPool) hold every observation and action in shared memory, and "
+        f"these envs' spaces have leaves without a fixed size (observation_space {engine.observation_space}, "
+        f"action_space {engine.action_space}): step them with ShmVectorEnv (Gymnasium) or ShmVecEnv (SB3), "
+        "which send such leaves pickled.")
+
+
 class ShmEnvPool(Uncopyable):
     """An asynchronous pool: ``send(actions, env_ids)`` then ``recv()`` the first ``batch_size`` envs done.
 
@@ -236,6 +244,8 @@ class ShmEnvPool(Uncopyable):
         self._infos = InfoBatch(batch_size)
 
     def _attach_pool(self, engine: Engine, info_bytes: int) -> None:
+        if engine.pickled is not None:
+            raise no_pickled_leaves(engine)
         layout = self._pool_layout = _pool.PoolLayout(engine.slices, info_bytes)
         pres = self._pres = _PoolResources()
         self._pool_finalizer = weakref.finalize(self, pres.release)

@@ -23,6 +23,7 @@ from shmvec._describe import describe_vec_env, rebuild
 from shmvec._engine import Engine
 from shmvec._errors import NoAsyncCallError, ShmVecEnvError
 from shmvec._masks import METHOD as MASKS_METHOD
+from shmvec._pickled_leaves import stack_values
 from shmvec._rows import copy_actions, step_infos
 from shmvec._seeds import per_env_seeds
 from shmvec._state import IDLE, serialized
@@ -97,7 +98,9 @@ class ShmVecEnv(Uncopyable, VecEnv):
 
     :raises TypeError: ``env_fns`` holds something that is not callable (an env instance).
     :raises UnpicklableFactoryError: a factory cannot be pickled; the message names the object.
-    :raises SpaceError: the envs' spaces differ or cannot live in shared memory.
+    :raises SpaceError: the envs' spaces differ or are not Gymnasium spaces; or a space without a
+        fixed size (``Text``, ``Sequence``, ...: its values travel pickled, docs/sb3.md) with
+        ``on_failure="restart"``.
     :raises WorkerDiedError: a worker died while starting.
     :raises ValueError: an option is out of its range.
     """
@@ -124,7 +127,8 @@ class ShmVecEnv(Uncopyable, VecEnv):
         action_masks: bool | None = None,
     ) -> None:
         self._engine = engine = Engine(
-            env_fns, batch_dict=collections.OrderedDict, public_name=type(self).__name__, n_workers=n_workers,
+            env_fns, batch_dict=collections.OrderedDict, pickled_batch=stack_values, public_name=type(self).__name__,
+            n_workers=n_workers,
             start_method=start_method, copy=copy, worker_threads=worker_threads, timeout=timeout, spin_us=spin_us,
             mailbox_bytes=mailbox_bytes, on_failure=on_failure, max_restarts=max_restarts,
             invalid_actions=invalid_actions, envs_per_worker=envs_per_worker, cpu_affinity=cpu_affinity,

@@ -118,7 +118,8 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
 
     :raises TypeError: ``env_fns`` holds something that is not callable.
     :raises ValueError: an unknown ``autoreset_mode``.
-    :raises SpaceError: the envs' spaces differ or cannot live in shared memory.
+    :raises SpaceError: the envs' spaces differ or are not Gymnasium spaces (a space without a
+        fixed size, ``Text``, ``Sequence``, ...: its values travel pickled, batched as a tuple).
     :raises WorkerDiedError: a worker died while starting.
     """
 

@@ -437,7 +437,7 @@ def make_repeated_text_info_env(index: int = 0) -> gym.Env:
 
 
 class TextEnv(gym.Env):
-    """An observation space shmvec cannot hold: ``Text``."""
+    """An observation space without a fixed size: ``Text`` (its values travel pickled)."""
 
     def __init__(self) -> None:
         self.observation_space = spaces.Text(max_length=8)
@@ -453,6 +453,13 @@ class TextEnv(gym.Env):
 
 def make_text_env() -> gym.Env:
     return TextEnv()
+
+
+def make_not_a_space_env() -> gym.Env:
+    """An env whose observation space is no ``gymnasium.spaces.Space`` (a string)."""
+    env = TextEnv()
+    env.observation_space = "text"  # type: ignore[assignment]
+    return env
 
 
 def make_cartpole() -> gym.Env:
