@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 from gymnasium import spaces
+from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 
 from shmvec import _protocol as P
 from shmvec._actions import exact_integers
@@ -77,6 +78,17 @@ def _(space: spaces.Dict, path: Path = ()) -> list[Leaf]:
 @space_leaves.register
 def _(space: spaces.Tuple, path: Path = ()) -> list[Leaf]:
     return [leaf for i, sub in enumerate(space.spaces) for leaf in space_leaves(sub, path + (i,))]
+
+
+def same_shapes(a: spaces.Space, b: spaces.Space) -> bool:
+    """Whether ``a`` and ``b`` have the same structure and, leaf by leaf, the same shape and dtype
+    (Gymnasium's ``is_space_dtype_shape_equiv``): they may differ only in bounds (``Box`` low and
+    high, ``Discrete`` n, ...), and one layout holds the values of both.  False for spaces
+    Gymnasium cannot compare so (a custom ``Space``)."""
+    try:
+        return bool(is_space_dtype_shape_equiv(a, b))
+    except NotImplementedError:
+        return False
 
 
 def _path_key(leaf: Leaf) -> tuple:

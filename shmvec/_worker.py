@@ -91,6 +91,21 @@ def _is_wrapped(env: gym.Env, wrapper_class: type) -> bool:
     return False
 
 
+def _not_an_env(obj: Any) -> str:
+    """What to do when a factory returned ``obj``, which is not a ``gymnasium.Env`` (told by
+    module name: no optional package is imported to check)."""
+    packages = {cls.__module__.split(".")[0] for cls in type(obj).__mro__}
+    if isinstance(obj, gym.vector.VectorEnv) or "stable_baselines3" in packages:
+        return ("it is a vector env. Each factory builds one env, and shmvec runs them side by side: pass its "
+                "envs' factories, e.g. [lambda: gym.make(env_id)] * n, not a factory of gym.make_vec(...).")
+    if "pettingzoo" in packages:
+        return ("it is a PettingZoo (multi-agent) env. shmvec runs single-agent Gymnasium envs; SuperSuit's "
+                "pettingzoo_env_to_vec_env_v1 turns a ParallelEnv's agents into a vector env of their own.")
+    if "gym" in packages:
+        return "an env of the old Gym package: wrap it with shimmy's compatibility wrappers inside the factory."
+    return "return a new env from each factory (gym.make(...), or an instance of a gymnasium.Env subclass)."
+
+
 def _build_envs(env_fns_bytes: bytes, env_range: range, envs: list[gym.Env], at: list[int | None]) -> None:
     """Builds the slice's envs into ``envs`` (what was built is there if it raises, for closing);
     ``at[0]`` is the env being built or checked."""
@@ -100,10 +115,7 @@ def _build_envs(env_fns_bytes: bytes, env_range: range, envs: list[gym.Env], at:
         at[0] = i
         env = fn()
         if not isinstance(env, gym.Env):
-            raise TypeError(
-                f"env_fns[{i}] returned {type(env).__name__}, not a gymnasium.Env. shmvec runs Gymnasium envs; "
-                "wrap an old Gym env with shimmy's compatibility wrappers inside the factory."
-            )
+            raise TypeError(f"env_fns[{i}] returned {type(env).__name__}, not a gymnasium.Env: {_not_an_env(env)}")
         key = id(env.unwrapped)
         if key in seen:
             raise ValueError(
@@ -115,12 +127,13 @@ def _build_envs(env_fns_bytes: bytes, env_range: range, envs: list[gym.Env], at:
     first = envs[0]
     for i, env in zip(env_range, envs):
         at[0] = i
-        for attr in ("observation_space", "action_space"):
-            if getattr(env, attr) != getattr(first, attr):
-                raise SpaceError(
-                    f"env {i} has {attr} {getattr(env, attr)}, env {env_range.start} has {getattr(first, attr)}: "
-                    "all envs of a vec env must share their spaces."
-                )
+        # Observation spaces are checked by the parent, which gets every env's in the hello
+        # (ShmVectorEnv's observation_mode lets them differ in bounds), before any layout is built.
+        if env.action_space != first.action_space:
+            raise SpaceError(
+                f"env {i} has action_space {env.action_space}, env {env_range.start} has {first.action_space}: "
+                "all envs of a vec env must share their spaces."
+            )
     at[0] = None
 
 
@@ -610,10 +623,13 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
             return
         worker = _Worker(index, env_range, envs, conn, parent, spin, autoreset)
         first = envs[0]
+        obs_spaces = [env.observation_space for env in envs]
         try:
             hello = dumps((P.Pipe.SPACES, (first.observation_space, first.action_space,
                                       getattr(first, "render_mode", None), dict(first.metadata),
-                                      all(has_action_masks(env) for env in envs))))
+                                      all(has_action_masks(env) for env in envs),
+                                      # every env's observation space, where they differ
+                                      None if all(s == obs_spaces[0] for s in obs_spaces) else obs_spaces)))
         except Exception as exc:
             exc.add_note("shmvec: the first env's observation_space, action_space, render_mode and metadata "
                          "go to the parent pickled (cloudpickle for lambdas and classes of your script): keep open "
