@@ -217,61 +217,120 @@ class Channel:
         The engine checked that it may (state IDLE).  An exception an env raised is re-raised
         as itself and leaves the engine usable; an interruption or a dead worker breaks it.
         """
-        workers, status = self.workers, self.status
-        groups = group_by_slice(targets, workers.slices)  # answers go back by position (see there)
-        by_worker = {w: idx for w, (idx, _) in groups.items()}
-        positions = {w: pos for w, (_, pos) in groups.items()}
-        # Pickled before anything is posted: an argument that does not pickle leaves the env usable.
-        if name == P.Call.SET_WRAPPER_ATTR:  # one value per env: each worker gets only its own envs' values
-            values = args[1]
-            messages = {w: reduction.ForkingPickler.dumps((name, (idx, args[0], {i: values[i] for i in idx})))
-                        for w, idx in by_worker.items()}
-        else:
-            messages = {w: reduction.ForkingPickler.dumps((name, (idx, *args))) for w, idx in by_worker.items()}
-        answers: list[Any] = [None] * len(targets)
-        error: BaseException | None = None
-        words, seqs = workers.words, self.seqs
-        assert words is not None
+        call = RareCall(name, targets, args, self.workers.slices)
         try:
-            for w in by_worker:  # post, then send (protocol, "Rare commands")
-                seqs[w] = (seqs[w] + 1) & 0xFFFFFFFF
-                words.store(P.word(w, P.CMD), P.Cmd.PIPE)
-                words.store(P.word(w, P.CMD_SEQ), seqs[w])
-                words.wake(P.word(w, P.CMD_SEQ))
-                try:
-                    self.send_bytes(w, messages[w], name)
-                except (BrokenPipeError, ConnectionResetError):
-                    self.raise_if_died(w, name)
-                    raise
-            for w, idx in by_worker.items():
-                data = self.recv_raw(w, name, raw_bytes=True)
-                try:
-                    tag, payload = pickle.loads(data)
-                except Exception as exc:  # read whole: the pipe is in step, the env stays usable
-                    exc.add_note(
-                        f"shmvec: the answer of worker {w} (envs {ranges(idx)}) to {name} pickled there but does "
-                        "not unpickle in this process (an object only the worker can rebuild: a CUDA tensor, "
-                        "a class the worker imported); return plain data (numbers, numpy arrays) instead."
-                    )
-                    error = error or exc
-                    continue
-                if tag == P.Pipe.ERROR:
-                    if payload["command"] is None:  # the message did not unpickle in the worker
-                        payload["command"] = f"{name} (unpickling its arguments in the worker)"
-                    error = error or unpack_exception(payload, CALL_HINT)
-                elif tag == P.Pipe.CLOSED:
-                    self.exited_instead(w, name, payload)
-                else:
-                    for pos, value in zip(positions[w], payload):
-                        answers[pos] = value
+            self._send(call)
+            self._read(call)
         except BaseException as exc:
             # Interrupted (or a worker died): an answer left in a pipe would be taken for the
             # next call's, and a worker posted but never sent its message waits for it.
-            status.fail(exc)
+            self.status.fail(exc)
             raise
+        return call.result()
+
+    # The two halves of call(), for call_async()/call_wait(): each breaks the engine as call() does.
+    def send_call(self, call: RareCall) -> None:
+        """Posts ``call`` to its workers and sends each its message (``call.result()`` after :meth:`read_answers`)."""
+        try:
+            self._send(call)
+        except BaseException as exc:
+            self.status.fail(exc)
+            raise
+
+    def answered(self, call: RareCall, timeout: float) -> bool:
+        """Whether every worker of ``call`` has begun to answer, waiting up to ``timeout`` seconds
+        for them; reads nothing.  :raises WorkerDiedError: a worker died (recorded)."""
+        workers = self.workers
+        deadline = time.monotonic() + timeout
+        for w in call.workers:
+            conn = workers.conns[w]
+            while not conn.poll(0):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                ready = mp_wait([conn, workers.processes[w].sentinel], timeout=min(P.POLL_S, left))
+                if ready and conn not in ready and not conn.poll(0):
+                    self.check_alive(call.name, [w])
+        return True
+
+    def read_answers(self, call: RareCall) -> None:
+        """Reads the answers of ``call`` (sent by :meth:`send_call`) into it: ``call.result()``."""
+        try:
+            self._read(call)
+        except BaseException as exc:
+            self.status.fail(exc)
+            raise
+
+    def _send(self, call: RareCall) -> None:
+        words, seqs = self.workers.words, self.seqs
+        assert words is not None
+        for w in call.workers:  # post, then send (protocol, "Rare commands")
+            seqs[w] = (seqs[w] + 1) & 0xFFFFFFFF
+            words.store(P.word(w, P.CMD), P.Cmd.PIPE)
+            words.store(P.word(w, P.CMD_SEQ), seqs[w])
+            words.wake(P.word(w, P.CMD_SEQ))
+            try:
+                self.send_bytes(w, call.messages[w], call.name)
+            except (BrokenPipeError, ConnectionResetError):
+                self.raise_if_died(w, call.name)
+                raise
+
+    def _read(self, call: RareCall) -> None:
+        name = call.name
+        answers: list[Any] = [None] * call.n_targets
+        error: BaseException | None = None
+        for w, idx in call.workers.items():
+            data = self.recv_raw(w, name, raw_bytes=True)
+            try:
+                tag, payload = pickle.loads(data)
+            except Exception as exc:  # read whole: the pipe is in step, the env stays usable
+                exc.add_note(
+                    f"shmvec: the answer of worker {w} (envs {ranges(idx)}) to {name} pickled there but does "
+                    "not unpickle in this process (an object only the worker can rebuild: a CUDA tensor, "
+                    "a class the worker imported); return plain data (numbers, numpy arrays) instead."
+                )
+                error = error or exc
+                continue
+            if tag == P.Pipe.ERROR:
+                if payload["command"] is None:  # the message did not unpickle in the worker
+                    payload["command"] = f"{name} (unpickling its arguments in the worker)"
+                error = error or unpack_exception(payload, CALL_HINT)
+            elif tag == P.Pipe.CLOSED:
+                self.exited_instead(w, name, payload)
+            else:
+                for pos, value in zip(call.positions[w], payload):
+                    answers[pos] = value
+        call.answers, call.error, call.done = answers, error, True
+        error = None  # a local holding it would hold this frame (and the engine) through its traceback
+
+
+class RareCall:
+    """One rare command on some envs: each worker's message, pickled at once (an argument that
+    does not pickle raises here, before anything is posted), then its answers once read."""
+
+    def __init__(self, name: str, targets: list[int], args: tuple, slices: Any) -> None:
+        groups = group_by_slice(targets, slices)  # answers go back by position (see there)
+        self.name = name
+        self.n_targets = len(targets)
+        self.workers = {w: idx for w, (idx, _) in groups.items()}
+        self.positions = {w: pos for w, (_, pos) in groups.items()}
+        if name == P.Call.SET_WRAPPER_ATTR:  # one value per env: each worker gets only its own envs' values
+            values = args[1]
+            self.messages = {w: reduction.ForkingPickler.dumps((name, (idx, args[0], {i: values[i] for i in idx})))
+                             for w, idx in self.workers.items()}
+        else:
+            self.messages = {w: reduction.ForkingPickler.dumps((name, (idx, *args)))
+                             for w, idx in self.workers.items()}
+        self.done = False  # answers read (or the env's error): the call is over
+        self.answers: list[Any] = []
+        self.error: BaseException | None = None
+
+    def result(self) -> list[Any]:
+        """The answers, in the order of the targets; raises the first env's error instead."""
+        error, self.error = self.error, None
         if error is not None:
             try:
                 raise error
             finally:
                 error = None  # a local holding it would hold this frame (and the engine) through its traceback
-        return answers
+        return self.answers

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import multiprocessing
 import pickle
 from threading import get_ident
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -40,10 +40,11 @@ import numpy as np
 
 from shmvec import _protocol as P
 from shmvec._actions import ActionWriter
-from shmvec._channel import Channel, ranges
+from shmvec._channel import Channel, RareCall, ranges
 from shmvec._codec import load_result
 from shmvec._errors import (
     AlreadyPendingCallError,
+    NoAsyncCallError,
     ShmVecEnvError,
     WorkerDiedError,
     WorkerStacks,
@@ -60,7 +61,7 @@ from shmvec._pickled_leaves import pickled_leaves
 from shmvec._pickling import pickle_factories
 from shmvec._registrations import pack_registrations
 from shmvec._restarts import Restarts
-from shmvec._state import COLLECTING, CONSUMED, DONE, IDLE, POSTED, Status, record
+from shmvec._state import CALLING, COLLECTING, CONSUMED, DONE, IDLE, POSTED, RESETTING, Status, record
 from shmvec._sync import current_cpu
 from shmvec._workers import BROKEN_HINT, CLOSE_JOIN_S, WorkerSet
 
@@ -83,11 +84,14 @@ class Engine:
     views: Any = None
     step_actions: tuple | None = None  # the step's short way, when the spaces allow it
     done_step: list[list] | None = None  # the items of the step in flight once read (state DONE)
+    pending_call: RareCall | None = None  # the call of call_async() (state CALLING)
     actions: ActionWriter | None = None
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], *, batch_dict: type = collections.OrderedDict,
-                 pickled_batch: Callable[[list], Any] = tuple, **options: Any) -> None:
+                 pickled_batch: Callable[[list], Any] = tuple, observation_mode: Any = None,
+                 **options: Any) -> None:
         self.status = status = Status(options.get("public_name", "ShmVecEnv"))
+        self.observation_mode = observation_mode  # None (SB3's faces), "same", "different" or a space
         opts, env_fns = Options.build(env_fns, **options)
         self.options = opts
         if opts.preload:
@@ -125,7 +129,9 @@ class Engine:
     def _start(self, pickled_batch: Callable[[list], Any]) -> None:
         workers, n = self.workers, self.n_workers
         assert workers is not None
-        layout, metadata = workers.start(self.channel, self.masks_live, self.registrations.left_out)
+        layout, metadata = workers.start(self.channel, self.masks_live, self.registrations.left_out,
+                                         self.observation_mode)
+        self.env_observation_spaces = workers.observation_spaces
         obs_space, act_space = layout.observation_space, layout.action_space
         self.words = workers.words
         assert workers.shm is not None
@@ -154,30 +160,15 @@ class Engine:
     def parent_spin_s(self) -> float:
         return self.options.parent_spin_s
 
-    def worker_of(self, i: int) -> int:
-        return self.owner[i]
-
-    def env_render_mode(self) -> str | None:
-        """The envs' common ``render_mode`` (as SB3's ``VecEnv.__init__`` finds it), for the faces
-        that are not SB3's: a warning and None if the envs have none."""
-        try:
-            modes = self.call(P.Call.GET_ATTR, None, ("render_mode",))
-        except AttributeError:
-            warnings.warn("The `render_mode` attribute is not defined in your environment. It will be set to None.")
-            modes = [None] * self.num_envs
-        if not all(mode == modes[0] for mode in modes):
-            raise ValueError(f"render_mode should be the same for all environments, got {modes}")
-        return modes[0]
-
     def check_usable(self) -> None:
         """:raises ClosedVecEnvError, BrokenVecEnvError: see :class:`shmvec._state.Status`."""
         self.status.check_usable()
 
     def check_idle(self, what: str) -> None:
-        """Usable, and no step in flight.  :raises AlreadyPendingCallError: a step is in flight."""
+        """Usable, and nothing in flight (else AlreadyPendingCallError: a step, reset_async or call_async)."""
         self.status.check_usable()
-        if self.status.waiting:
-            raise AlreadyPendingCallError(f"{what}() while a step is in flight: call step_wait() first")
+        if self.status.state is not IDLE:
+            raise pending_error(what, self.status.pending)
 
     # ---- the step -----------------------------------------------------------------------------------
     def post_step(self, actions: Any) -> None:
@@ -186,11 +177,7 @@ class Engine:
         :raises ValueError: the actions do not fit (``InvalidActionError``: NaN or out of range).
         :raises AlreadyPendingCallError: a step is already in flight.
         """
-        self.status.check_usable()
-        if self.status.waiting:
-            raise AlreadyPendingCallError(
-                "step_async() while a step is in flight (a step_async() without its step_wait(), or a step "
-                "interrupted by Ctrl-C): call step_wait() to collect it, or reset()")
+        self.check_idle("step_async")
         in_pipe = self.actions.write(actions)  # pickled actions too large for a mailbox (None: none)
         try:  # (restarted envs that await their truncation report are not stepped)
             self.post(P.Cmd.STEP, skip=self.restarts.fresh if self.restarts is not None else ())
@@ -201,9 +188,10 @@ class Engine:
                 self.status.fail(exc)
             raise
 
-    def complete_step(self) -> list[list]:
+    def complete_step(self, timeout: float | None = None) -> list[list]:
         """The workers' items of the step in flight: waits for them the first time (state DONE
-        after), returns them again after that; :meth:`finish_step` ends the step.
+        after), returns them again after that; :meth:`finish_step` ends the step.  Past ``timeout``:
+        ``multiprocessing.TimeoutError``, and the step stays in flight (POSTED, nothing recorded).
 
         A Ctrl-C (any exception a signal handler raises) before or during the wait, or a
         ``KeyboardInterrupt`` while reading, leaves the step in flight, to be collected again
@@ -215,7 +203,7 @@ class Engine:
         if status.state is DONE:
             return self.done_step  # type: ignore[return-value]
         try:
-            results = self.complete("step")
+            results = self.complete("step", None, timeout)
             self.done_step = results  # before the state: a Ctrl-C may land as complete() returns
             status.enter(DONE)
         except BaseException as exc:
@@ -235,54 +223,50 @@ class Engine:
         self.status.poster = None
         self.status.enter(IDLE)
 
-    def drop_step(self) -> None:
-        """A step left in flight (a Ctrl-C, or a step_async() without step_wait()): finished, dropped."""
-        self.complete_step()
-        self.finish_step()
-
     # ---- reset ---------------------------------------------------------------------------------------
-    def reset(self, seeds: list, options: list, mask: np.ndarray | None = None) -> list[list]:
+    def reset(self, seeds: list, options: list, mask: np.ndarray | None = None, wait: bool = True) -> list[list]:
         """Runs RESET (of the envs in ``mask``, or all) with per-env seeds and options; returns the
-        workers' items.  A step left in flight is finished and dropped first."""
+        workers' items.  A step left in flight is finished and dropped first.  ``wait=False``
+        (``reset_async``): posts it and returns (state RESETTING); :meth:`reset_wait` collects it.
+
+        :raises AlreadyPendingCallError: a ``reset_async`` or ``call_async`` is in flight.
+        """
         self.status.check_usable()
-        if self.status.waiting:
-            self.drop_step()
-        # No local name for a view of the buffers here: the traceback of an exception raised
-        # below would keep the mapping (and its fd) alive after close().
-        mailbox_bytes = self.layout.mailbox_bytes
-        restarts = self.restarts
-        in_pipe: dict[int, bytes] = {}
-        for w, sl in enumerate(self.slices):
-            env_seeds = seeds[sl.start:sl.stop]
-            env_options = options[sl.start:sl.stop]
-            has_seeds = any(s is not None for s in env_seeds)
-            has_options = any(bool(o) for o in env_options)
-            arg_len = 0
-            data = b""
-            if mask is not None:
-                data = pickle.dumps((env_seeds if has_seeds else None, env_options if has_options else None,
-                                     mask[sl.start:sl.stop].tolist()), protocol=5)
-            elif has_seeds or has_options:
-                data = pickle.dumps((env_seeds if has_seeds else None, env_options if has_options else None),
-                                    protocol=5)
-            if mask is not None or has_seeds or has_options:
-                if len(data) >= mailbox_bytes:  # sent through the pipe once posted (protocol, step 1)
-                    in_pipe[w], arg_len = data, P.ARG_IN_PIPE
-                else:
-                    self.views.mailbox[w, :len(data)] = np.frombuffer(data, dtype=np.uint8)
-                    arg_len = len(data)
-            self.words.store(P.word(w, P.ARG_LEN), arg_len)
-            if restarts is not None:  # a worker restarted during this reset gets the same seeds and options
-                restarts.reset_args[w] = data if arg_len else None
+        if self.status.waiting:  # left in flight (a Ctrl-C, or step_async() without step_wait()): dropped
+            self.complete_step()
+            self.finish_step()
+        self.check_idle("reset" if wait else "reset_async")
+        in_pipe = write_reset_args(self, seeds, options, mask)
         try:
+            if not wait:
+                self.status.enter(RESETTING)
             self.post(P.Cmd.RESET)
             self.channel.send_args(in_pipe, "reset", self.restarts is not None)
-            return self.complete("reset")
+            return self.complete("reset") if wait else []
         except BaseException as exc:
             # Between the three too (a Ctrl-C lands on any call): posted and not waited for, the
             # workers' counters no longer match ours.
             self.status.fail(exc)
             raise
+
+    def reset_wait(self, timeout: float | None = None) -> list[list]:
+        """The items of the reset that ``reset(wait=False)`` posted, state IDLE after; past ``timeout``,
+        ``multiprocessing.TimeoutError`` and the reset stays in flight (nothing recorded).
+
+        :raises NoAsyncCallError: no reset is in flight.
+        """
+        status = self.status
+        status.check_usable()
+        if status.state is not RESETTING:
+            raise NoAsyncCallError("Calling `reset_wait` without any prior call to `reset_async`.", "reset")
+        try:
+            results = self.complete("reset", None, timeout)
+            status.enter(IDLE)
+        except BaseException as exc:
+            if not isinstance(exc, multiprocessing.TimeoutError):  # (complete() records what breaks it)
+                status.fail(exc)
+            raise
+        return results
 
     # ---- the shared-word protocol ---------------------------------------------------------------------
     def arm_early_wake(self, cmd: P.Cmd) -> None:
@@ -338,12 +322,15 @@ class Engine:
             if w not in skip:
                 words.wake_sleepers(seq_word, sleepers_word)
 
-    def complete(self, command: str, deadline_s: float | None = None) -> list[list]:
-        """Waits for PENDING to reach 0, then collects each worker's items (or error)."""
+    def complete(self, command: str, deadline_s: float | None = None, give_up_s: float | None = None) -> list[list]:
+        """Waits for PENDING to reach 0, then collects each worker's items (or error).  Past ``give_up_s``,
+        workers alive: ``multiprocessing.TimeoutError``, nothing recorded (the command stays in flight)."""
         try:
             if self.restarts is not None and deadline_s is None and command in ("step", "reset"):
                 return self.restarts.complete(command)
-            return self._complete_or_raise(command, deadline_s)
+            return self._complete_or_raise(command, deadline_s, give_up_s)
+        except multiprocessing.TimeoutError:
+            raise  # gave up waiting (give_up_s), nothing read: only _complete_or_raise raises it
         except BaseException as exc:
             # Interrupted (KeyboardInterrupt, or any exception a signal handler raised) while the
             # workers still run the command: the counters no longer match, and a next command
@@ -356,23 +343,29 @@ class Engine:
                 self.status.fail(exc)
             raise
 
-    def _complete_or_raise(self, command: str, deadline_s: float | None) -> list[list]:
+    def _complete_or_raise(self, command: str, deadline_s: float | None, give_up_s: float | None = None) -> list[list]:
         words, status = self.words, self.status
         limit = self.timeout if deadline_s is None else deadline_s
         since = time.monotonic()  # the timeout is real time: a loaded machine makes each poll longer
         pending = words.load(P.PENDING)
         spin = self.options.parent_spin_s
+        poll = P.POLL_S if give_up_s is None else max(0.0, min(P.POLL_S, give_up_s))
         while pending != 0:
             if not spin and words.load(P.EARLY_WAKE):
                 spin = P.EARLY_SPIN_S  # the worker on this core is done and asleep: spin for the rest
-            value = words.wait_while(P.PENDING, pending, P.POLL_S, spin, P.PARENT_SLEEPERS)
+            value = words.wait_while(P.PENDING, pending, poll, spin, P.PARENT_SLEEPERS)
             if value is not None:
                 pending = value
                 continue
             self.channel.check_alive(command)
             if limit is not None and time.monotonic() - since >= limit:
-                raise self._late(command, limit)
+                raise late_error(self, command, limit)
             pending = words.load(P.PENDING)
+            if give_up_s is not None and pending != 0:
+                left = give_up_s - (time.monotonic() - since)
+                if left <= 0:
+                    raise gave_up(command, give_up_s)
+                poll = min(P.POLL_S, left)
         if status.state is POSTED:
             status.enter(COLLECTING)
         results: list[list] = []
@@ -394,19 +387,6 @@ class Engine:
             finally:
                 error = exc = None  # a local holding it would hold this frame (and self) through its traceback
         return results if self.pickled is None else self.pickled.take_all(results)  # keeps the leaves' values
-
-    def _late(self, command: str, limit: float) -> BaseException:
-        """WorkerTimeoutError for the workers that have not answered ``command``, recorded."""
-        words, workers = self.words, self.workers
-        late = [w for w in range(self.n_workers) if words.load(P.word(w, P.DONE_SEQ)) != self.seqs[w]]
-        envs = [i for w in late for i in self.slices[w]]
-        at = "".join(f"; worker {w}{where}" for w in late if (where := workers.in_env(w)))
-        stacks = workers.stacks(late)
-        return record(self.status, WorkerTimeoutError(
-            f"{command}: workers {late} (envs {ranges(envs)}{at}) did not answer within {limit:g} s. "
-            + ("Where each was is shown above (faulthandler). " if stacks else "")
-            + "The env may hang; call close() (it terminates them) and build a new vec env."
-        ), stacks)
 
     def _consumed(self) -> None:
         if self.status.state is COLLECTING:
@@ -446,6 +426,37 @@ class Engine:
             self.restarts.recover_dead(name)
         return self.channel.call(name, list(self.indices(indices)), args)
 
+    def call_async(self, name: str, indices: Any, args: tuple) -> None:
+        """Sends rare command ``name`` as :meth:`call` does, and returns (state CALLING):
+        :meth:`call_wait` reads the answers.  An argument that does not pickle changes nothing."""
+        self.check_idle("call_async")
+        call = self.pending_call = RareCall(name, list(self.indices(indices)), args, self.slices)
+        try:
+            self.status.enter(CALLING)
+            self.channel.send_call(call)
+        except BaseException as exc:  # a worker posted and not sent its message waits for it
+            self.status.fail(exc)
+            raise
+
+    def call_wait(self, timeout: float | None = None) -> list[Any]:
+        """The answers of :meth:`call_async`'s call (or the env's error, as :meth:`call`), state IDLE
+        after; past ``timeout``, ``multiprocessing.TimeoutError`` and the call stays in flight.
+
+        :raises NoAsyncCallError: no call is in flight.
+        """
+        status = self.status
+        status.check_usable()
+        if status.state is not CALLING:
+            raise NoAsyncCallError("Calling `call_wait` without any prior call to `call_async`.", "call")
+        call = self.pending_call
+        if not call.done:  # (done: read, and an interrupt came before the state changed)
+            if timeout is not None and not self.channel.answered(call, timeout):
+                raise gave_up("call", timeout)
+            self.channel.read_answers(call)  # (breaks the engine if it fails)
+        status.enter(IDLE)
+        self.pending_call = None
+        return call.result()
+
     @property
     def masks_in_shm(self) -> bool:
         """Whether the workers write action masks into shared memory (the ``action_masks`` option)."""
@@ -453,18 +464,20 @@ class Engine:
         return layout is not None and layout.mask_size > 0
 
     # ---- the end ------------------------------------------------------------------------------------------
-    def close(self) -> None:
+    def close(self, terminate: bool = False, timeout: float | None = None) -> None:
         """Stops the workers and frees the shared memory.  Idempotent, bounded in time.
 
         From another thread than one waiting on the workers: that thread stops waiting (within
         ``POLL_S``, with ClosedVecEnvError), then this one takes the lock and closes.
 
+        :param terminate: terminate the workers at once (no env's ``close()`` runs).
+        :param timeout: seconds to wait for a step or ``reset_async`` in flight (default 5).
         :raises: the first exception an env's ``close()`` raised, after everything is released.
         """
         if self.status.closed:
             return
         with self.closing():
-            self._close()
+            self._close(terminate, timeout)
 
     @contextlib.contextmanager
     def closing(self) -> Iterator[None]:
@@ -480,19 +493,19 @@ class Engine:
         finally:
             status.closer = None
 
-    def _close(self) -> None:
+    def _close(self, terminate: bool = False, timeout: float | None = None) -> None:
         status = self.status
-        in_flight = status.state in (POSTED, COLLECTING, CONSUMED)
+        in_flight = {POSTED: "step", COLLECTING: "step", CONSUMED: "step", RESETTING: "reset"}.get(status.state)
         if not status.close():
             return
         workers = self.workers
         if workers is None:
             return
         # Workers that timed out may be stuck in an env: do not wait for them to answer.
-        polite = not isinstance(status.failure, WorkerTimeoutError)
+        polite = not isinstance(status.failure, WorkerTimeoutError) and not terminate
         if in_flight and polite:
             try:
-                self._complete_or_raise("step", deadline_s=CLOSE_JOIN_S)
+                self._complete_or_raise(in_flight, deadline_s=CLOSE_JOIN_S if timeout is None else timeout)
             except BaseException:
                 polite = False
         if self.actions is not None:
@@ -507,14 +520,7 @@ class Engine:
         if workers.died_in_close and status.failure is None:
             # (A broken engine's workers may still be running the command that broke it: a death
             # then is not one in an env's close(), and the failure was reported already.)
-            w, code, report = workers.died_in_close[0]
-            sl = self.slices[w]
-            raise caused(WorkerDiedError(
-                f"worker {w} (envs {sl.start}..{sl.stop - 1}) died during close with {describe_exitcode(code)} "
-                "(in an env's close(), most likely" + ("; its Python stack is shown above" if report else "")
-                + "). Everything was released anyway.",
-                worker=w, env_indices=sl, exitcode=code,
-            ), WorkerStacks.of(report, "when it died"))
+            raise died_in_close(*workers.died_in_close[0], self.slices)
 
     def __del__(self) -> None:
         if not self.status.closed:
@@ -522,3 +528,81 @@ class Engine:
                 self.close()
             except Exception:
                 pass
+
+
+def died_in_close(w: int, code: int | None, report: str, slices: Sequence[range]) -> BaseException:
+    """WorkerDiedError for worker ``w``, which died during close() (exit ``code``, its crash ``report``)."""
+    sl = slices[w]
+    return caused(WorkerDiedError(
+        f"worker {w} (envs {sl.start}..{sl.stop - 1}) died during close with {describe_exitcode(code)} "
+        "(in an env's close(), most likely" + ("; its Python stack is shown above" if report else "")
+        + "). Everything was released anyway.",
+        worker=w, env_indices=sl, exitcode=code,
+    ), WorkerStacks.of(report, "when it died"))
+
+
+def late_error(engine: Engine, command: str, limit: float) -> BaseException:
+    """WorkerTimeoutError for the workers that have not answered ``command``, recorded."""
+    words, workers = engine.words, engine.workers
+    late = [w for w in range(engine.n_workers) if words.load(P.word(w, P.DONE_SEQ)) != engine.seqs[w]]
+    envs = [i for w in late for i in engine.slices[w]]
+    at = "".join(f"; worker {w}{where}" for w in late if (where := workers.in_env(w)))
+    stacks = workers.stacks(late)
+    return record(engine.status, WorkerTimeoutError(
+        f"{command}: workers {late} (envs {ranges(envs)}{at}) did not answer within {limit:g} s. "
+        + ("Where each was is shown above (faulthandler). " if stacks else "")
+        + "The env may hang; call close() (it terminates them) and build a new vec env."
+    ), stacks)
+
+
+def gave_up(command: str, seconds: float) -> multiprocessing.TimeoutError:
+    """What a ``*_wait(timeout=...)`` raises when ``command`` is not over in time (in Gymnasium's
+    words, then ours: the command is still in flight, nothing is lost)."""
+    return multiprocessing.TimeoutError(
+        f"The call to `{command}_wait` has timed out after {seconds} second(s); the {command} is still in flight: "
+        f"{command}_wait() collects it" + (", reset() drops it." if command == "step" else "."))
+
+
+def pending_error(what: str, pending: str | None) -> AlreadyPendingCallError:
+    """AlreadyPendingCallError for ``what()`` called while ``pending`` ("step", "reset", "call") is in flight."""
+    if pending == "step":
+        return AlreadyPendingCallError(
+            f"{what}() while a step is in flight (a step_async() without its step_wait(), or a step interrupted "
+            "by Ctrl-C): call step_wait() to collect it, or reset()")
+    return AlreadyPendingCallError(
+        f"{what}() while a {pending} is in flight ({pending}_async() without its {pending}_wait()): call "
+        f"{pending}_wait() first", str(pending))
+
+
+def write_reset_args(engine: Engine, seeds: list, options: list, mask: np.ndarray | None) -> dict[int, bytes]:
+    """Writes each worker's reset arguments (its envs' seeds, options and mask, pickled; nothing
+    when none is given) into its mailbox and ARG_LEN word; returns those too large for the
+    mailbox, to send through the pipe once RESET is posted (protocol, step 1)."""
+    # No local name for a view of the buffers here: the traceback of an exception raised
+    # below would keep the mapping (and its fd) alive after close().
+    mailbox_bytes = engine.layout.mailbox_bytes
+    restarts = engine.restarts
+    in_pipe: dict[int, bytes] = {}
+    for w, sl in enumerate(engine.slices):
+        env_seeds = seeds[sl.start:sl.stop]
+        env_options = options[sl.start:sl.stop]
+        has_seeds = any(s is not None for s in env_seeds)
+        has_options = any(bool(o) for o in env_options)
+        arg_len = 0
+        data = b""
+        if mask is not None:
+            data = pickle.dumps((env_seeds if has_seeds else None, env_options if has_options else None,
+                                 mask[sl.start:sl.stop].tolist()), protocol=5)
+        elif has_seeds or has_options:
+            data = pickle.dumps((env_seeds if has_seeds else None, env_options if has_options else None),
+                                protocol=5)
+        if mask is not None or has_seeds or has_options:
+            if len(data) >= mailbox_bytes:  # sent through the pipe once posted (protocol, step 1)
+                in_pipe[w], arg_len = data, P.ARG_IN_PIPE
+            else:
+                engine.views.mailbox[w, :len(data)] = np.frombuffer(data, dtype=np.uint8)
+                arg_len = len(data)
+        engine.words.store(P.word(w, P.ARG_LEN), arg_len)
+        if restarts is not None:  # a worker restarted during this reset gets the same seeds and options
+            restarts.reset_args[w] = data if arg_len else None
+    return in_pipe

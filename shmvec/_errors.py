@@ -49,17 +49,22 @@ class BrokenVecEnvError(ShmVecEnvError):
 
 
 class AlreadyPendingCallError(ShmVecEnvError, _gym_error.AlreadyPendingCallError):
-    """``step_async`` was called while a step was already in flight (also Gymnasium's error of
-    that name)."""
+    """A call was made while a step (or, on ``ShmVectorEnv``, a ``reset_async`` or ``call_async``)
+    was still in flight (also Gymnasium's error of that name).  ``name``: what is in flight
+    ("step", "reset" or "call"), as Gymnasium's attribute."""
 
-    name = "step"  # Gymnasium's attribute: the call in flight
+    def __init__(self, message: str, name: str = "step") -> None:
+        super().__init__(message)
+        self.name = name
 
 
 class NoAsyncCallError(ShmVecEnvError, _gym_error.NoAsyncCallError):
-    """``step_wait`` was called without a preceding ``step_async`` (also Gymnasium's error of
-    that name)."""
+    """A ``*_wait`` without its ``*_async`` (also Gymnasium's error of that name).  ``name``: the
+    call waited for ("step", "reset" or "call")."""
 
-    name = "step"
+    def __init__(self, message: str, name: str = "step") -> None:
+        super().__init__(message)
+        self.name = name
 
 
 class ConcurrentCallError(ShmVecEnvError):

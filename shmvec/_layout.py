@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 from gymnasium import spaces
+from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 
 from shmvec import _protocol as P
 from shmvec._actions import exact_integers
@@ -96,6 +97,17 @@ def check_same_spaces(i: int, mine: tuple, first_i: int, first: tuple) -> None:
                 f"env {i} has {name} {a}, env {first_i} has {b}: all envs of a vec env must share their spaces."
                 + ("" if repr(a) != repr(b) else " (They print the same: a Space subclass without __eq__ compares by "
                    "identity, so that no two instances are equal; define __eq__ on it, as Gymnasium's spaces do.)"))
+
+
+def same_shapes(a: spaces.Space, b: spaces.Space) -> bool:
+    """Whether ``a`` and ``b`` have the same structure and, leaf by leaf, the same shape and dtype
+    (Gymnasium's ``is_space_dtype_shape_equiv``): they may differ only in bounds (``Box`` low and
+    high, ``Discrete`` n, ...), and one layout holds the values of both.  False for spaces
+    Gymnasium cannot compare so (a custom ``Space``)."""
+    try:
+        return bool(is_space_dtype_shape_equiv(a, b))
+    except NotImplementedError:
+        return False
 
 
 def _path_key(leaf: Leaf) -> tuple:

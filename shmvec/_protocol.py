@@ -269,7 +269,9 @@ class Pipe(enum.StrEnum):
     ATTACH_FD = "attach_fd"  # map the block from the descriptor that follows (a restart)
     ABORT = "abort"  # the parent gave up during the handshake: exit
     # worker -> parent
-    SPACES = "spaces"  # handshake 1: the envs' spaces, render mode, metadata, mask support
+    # handshake 1: the first env's spaces, render mode, metadata, mask support, and every env's
+    # observation space where they differ (the parent checks them against its observation_mode)
+    SPACES = "spaces"
     READY = "ready"  # handshake 2: attached, serving the words
     OK = "ok"  # a rare command's answer
     ERROR = "error"  # an exception, packed (shmvec._errors.pack_exception)

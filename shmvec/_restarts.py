@@ -293,11 +293,13 @@ class Restarts:
     def handshake(self, w: int) -> None:
         e = self.engine
         what = f"restart of worker {w}"
-        obs_space, act_space, *_ = e.channel.recv(w, what, BROKEN_HINT)
-        for name, mine, ours in (("observation_space", obs_space, e.observation_space),
-                                 ("action_space", act_space, e.action_space)):
+        obs_space, act_space, *_, own = e.channel.recv(w, what, BROKEN_HINT)
+        sl = e.slices[w]
+        rebuilt = [("observation_space", i, mine, ours) for i, mine, ours in
+                   zip(sl, own or [obs_space] * len(sl), e.env_observation_spaces[sl.start:sl.stop])]
+        for name, i, mine, ours in [*rebuilt, ("action_space", sl.start, act_space, e.action_space)]:
             if mine != ours:
-                raise SpaceError(f"env {e.slices[w].start} was rebuilt with {name} {mine}, the vec env has "
+                raise SpaceError(f"env {i} was rebuilt with {name} {mine}, the vec env has "
                                  f"{ours}: its factory must build envs with the same spaces every time.")
         layout = e.layout
         conn = e.workers.conns[w]

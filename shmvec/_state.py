@@ -8,18 +8,21 @@ short way reads ``status.state is IDLE``); every change goes through :meth:`Stat
 States (a step goes left to right; reset, rare calls and the pool start and end in IDLE)::
 
     STARTING ──> IDLE ──> POSTED ──> COLLECTING ──> CONSUMED ──> DONE ──> IDLE
-                            ^ │          │  │                      ^
-                            │ │          │  └─────────────────────>│ (nothing came by pipe)
-                            │ └──────────┼─────────────────────────┘ (restart mode)
-                            └────────────┘ (an interrupt while reading: read again later)
+                  │ ^       ^ │          │  │                      ^
+                  │ │       │ │          │  └─────────────────────>│ (nothing came by pipe)
+                  │ │       │ └──────────┼─────────────────────────┘ (restart mode)
+                  │ │       └────────────┘ (an interrupt while reading: read again later)
+                  v │
+          RESETTING, CALLING  (reset_async / call_async, until their reset_wait / call_wait)
 
     any state but CLOSED and FORKED ──(a failure)──> BROKEN;   any state ──close()──> CLOSED;
     in a child of os.fork(), every engine of the parent ──> FORKED
 
 - ``STARTING``: the constructor launches the workers and runs the two handshakes.
 - ``IDLE``: nothing in flight; any call may start.
-- ``POSTED``: a step is with the workers (``step_async`` returned, or a ``step`` was
-  interrupted in its wait).  ``step_wait`` collects it; ``reset``/``close`` finish and drop it.
+- ``POSTED``: a step is with the workers (``step_async`` returned, a ``step`` was interrupted
+  in its wait, or a ``step_wait`` timed out).  ``step_wait`` collects it; ``reset``/``close``
+  finish and drop it.
 - ``COLLECTING``: the step's wait is over and its results are being read from the mailboxes.
   An interrupt (``KeyboardInterrupt``) here leaves them to read again; an ``Exception`` (an
   info that does not unpickle) would come back every time, so it breaks the engine.
@@ -28,6 +31,12 @@ States (a step goes left to right; reset, rare calls and the pool start and end 
 - ``DONE``: the step's results are read and kept: a ``step_wait`` cut short after this (a
   Ctrl-C as it returned) returns them again.  The front-end returns to ``IDLE`` once it has
   built its return value.
+- ``RESETTING``: a reset posted by ``reset_async`` (Gymnasium's API, ``ShmVectorEnv``) that
+  ``reset_wait`` has not collected; a ``reset_wait`` whose ``timeout`` passed leaves it so.
+  Every other call raises ``AlreadyPendingCallError``; ``close()`` finishes it.
+- ``CALLING``: a rare call sent by ``call_async`` whose answers ``call_wait`` has not read (the
+  same rules; ``close()`` lets the workers answer, then stops them).  The synchronous ``reset``
+  and rare calls never enter these two states.
 - ``BROKEN``: a failure left the workers and the parent out of step (a worker died, an env
   raised, a timeout, an interrupt between posting and waiting).  Every call raises
   ``BrokenVecEnvError`` naming the failure, except ``close()``.  With ``on_failure="restart"``
@@ -36,7 +45,8 @@ States (a step goes left to right; reset, rare calls and the pool start and end 
 - ``FORKED``: this is a copy in a child of ``os.fork()``: the workers and the block are the
   parent's.  Every call raises ``ForkedVecEnvError``; ``close()`` drops the child's mapping only.
 
-A step is "in flight" (``waiting``) in POSTED, COLLECTING, CONSUMED and DONE.
+A step is "in flight" (``waiting``) in POSTED, COLLECTING, CONSUMED and DONE; ``pending`` names
+what is in flight in any state ("step", "reset", "call" or None).
 
 Threads.  Every public call of a front-end runs under the engine's lock (:func:`serialized`), so
 calls from several threads are serialized, never interleaved: a second thread's ``step()``
@@ -85,14 +95,18 @@ class State(enum.Enum):
     BROKEN = "broken"
     CLOSED = "closed"
     FORKED = "forked"
+    RESETTING = "resetting"
+    CALLING = "calling"
 
 
-STARTING, IDLE, POSTED, COLLECTING, CONSUMED, DONE, BROKEN, CLOSED, FORKED = State
+STARTING, IDLE, POSTED, COLLECTING, CONSUMED, DONE, BROKEN, CLOSED, FORKED, RESETTING, CALLING = State
 
 # What each state may become (BROKEN and CLOSED are reached through fail() and close()).
 TRANSITIONS: dict[State, frozenset[State]] = {
     STARTING: frozenset({IDLE}),
-    IDLE: frozenset({POSTED}),
+    IDLE: frozenset({POSTED, RESETTING, CALLING}),
+    RESETTING: frozenset({IDLE}),
+    CALLING: frozenset({IDLE}),
     POSTED: frozenset({COLLECTING, DONE}),  # DONE: restart mode reads without the two phases below
     COLLECTING: frozenset({CONSUMED, DONE, POSTED}),  # POSTED: interrupted, read again later
     CONSUMED: frozenset({DONE}),
@@ -102,6 +116,8 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     FORKED: frozenset(),
 }
 IN_FLIGHT = frozenset({POSTED, COLLECTING, CONSUMED, DONE})
+# What is in flight in each state that has something in flight (Gymnasium's names of the calls).
+PENDING = {**{state: "step" for state in IN_FLIGHT}, RESETTING: "reset", CALLING: "call"}
 
 
 class Status:
@@ -140,6 +156,11 @@ class Status:
     def waiting(self) -> bool:
         """A step is in flight (posted, and not yet returned to the caller)."""
         return self.state in IN_FLIGHT
+
+    @property
+    def pending(self) -> str | None:
+        """What is in flight: "step", "reset" (``reset_async``), "call" (``call_async``) or None."""
+        return PENDING.get(self.state)
 
     @property
     def starting(self) -> bool:

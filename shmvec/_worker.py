@@ -122,8 +122,10 @@ def _build_envs(env_fns_bytes: bytes, env_range: range, envs: list[gym.Env], at:
     first = envs[0]
     for i, env in zip(env_range, envs):
         at[0] = i
-        check_same_spaces(i, (env.observation_space, env.action_space), env_range.start,
-                          (first.observation_space, first.action_space))
+        # Observation spaces are checked by the parent, which gets every env's in the hello
+        # (ShmVectorEnv's observation_mode lets them differ in bounds), before any layout is built.
+        check_same_spaces(i, (first.observation_space, env.action_space), env_range.start,
+                          (first.observation_space, first.action_space))  # (the action space only)
     at[0] = None
 
 
@@ -650,10 +652,13 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
             return
         worker = _Worker(index, env_range, envs, conn, parent, spin, autoreset)
         first = envs[0]
+        obs_spaces = [env.observation_space for env in envs]
         try:
             hello = dumps((P.Pipe.SPACES, (first.observation_space, first.action_space,
                                       getattr(first, "render_mode", None), dict(first.metadata),
-                                      all(has_action_masks(env) for env in envs))))
+                                      all(has_action_masks(env) for env in envs),
+                                      # every env's observation space, where they differ
+                                      None if all(s == obs_spaces[0] for s in obs_spaces) else obs_spaces)))
         except Exception as exc:
             exc.add_note("shmvec: the first env's observation_space, action_space, render_mode and metadata "
                          "go to the parent pickled (cloudpickle for lambdas and classes of your script): keep open "

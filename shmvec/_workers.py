@@ -34,7 +34,7 @@ from gymnasium import spaces
 from shmvec import _crash
 from shmvec import _protocol as P
 from shmvec._errors import ShmVecEnvError, SpaceError, WorkerDiedError, WorkerStacks, describe_exitcode
-from shmvec._layout import Layout, check_same_spaces, close_mapping
+from shmvec._layout import Layout, check_same_spaces, close_mapping, same_shapes
 from shmvec._masks import resolve as resolve_masks
 from shmvec._options import Options
 from shmvec._registrations import explain_not_found
@@ -172,7 +172,8 @@ class WorkerSet:
             except OSError:  # nobody left in it
                 pass
 
-    def start(self, channel: Channel, masks_live: bool, left_out: Any = None) -> tuple[Layout, dict]:
+    def start(self, channel: Channel, masks_live: bool, left_out: Any = None,
+              observation_mode: Any = None) -> tuple[Layout, dict]:
         """Launches every worker and runs the two handshakes; returns the block's layout and the
         envs' metadata.  ``channel``: the engine's pipes (their waits are bounded); ``left_out``: the
         registrations that could not be sent (shmvec._registrations), named if an env id is not found."""
@@ -190,9 +191,10 @@ class WorkerSet:
                     raise SpaceError(
                         f"env {self.slices[w].start}'s {name} is {space!r} ({type(space).__name__}), not a "
                         f"gymnasium.spaces.Space: set self.{name} in the env's __init__ (or in a wrapper).")
-        obs_space, act_space, _, metadata, _ = hellos[0]
-        for w, (o, a, *_) in enumerate(hellos[1:], start=1):
-            check_same_spaces(self.slices[w].start, (o, a), 0, (obs_space, act_space))
+        obs_space, act_space, _, metadata, *_ = hellos[0]
+        for w, (_, a, *_) in enumerate(hellos[1:], start=1):  # (observation spaces: observation_mode)
+            check_same_spaces(self.slices[w].start, (obs_space, a), 0, (obs_space, act_space))
+        self.observation_spaces = env_observation_spaces(hellos, self.slices, observation_mode)
         mask_size = resolve_masks(opts.action_masks, all(h[4] for h in hellos), act_space)
         layout = Layout(obs_space, act_space, self.slices[-1].stop, n, opts.mailbox_bytes, mask_size)
         shm = self.create_block(layout.nbytes)
@@ -437,3 +439,34 @@ class WorkerSet:
             self.unlink()
             close_mapping(self.shm)
         return close_errors
+
+
+def env_observation_spaces(hellos: list, slices: Sequence[range], mode: Any) -> list:
+    """Every env's observation space, in env order, from the workers' hellos, checked against
+    ``observation_mode``: None or "same" (all equal), "different" (the same shapes and dtypes as
+    env 0's: :func:`shmvec._layout.same_shapes`), or a space (the same shapes and dtypes as it).
+
+    :raises SpaceError: an env's space that ``mode`` does not allow.
+    """
+    found: list = []
+    for (obs_space, *_, own), sl in zip(hellos, slices):
+        found.extend(own if own is not None else [obs_space] * len(sl))
+    first = found[0]
+    named = mode is None or isinstance(mode, str)
+    for i, space in enumerate(found):
+        if named and mode != "different":
+            if space != first:
+                try:  # (the message, and its hint for a Space subclass without __eq__, are check_same_spaces')
+                    check_same_spaces(i, (space,), 0, (first,))
+                except SpaceError as exc:
+                    if mode == "same":
+                        exc.args = (exc.args[0] + " If they differ only in bounds (the same shapes and dtypes), "
+                                    "pass observation_mode='different'.",)
+                    raise
+        elif not (space == (first if named else mode) or same_shapes(first if named else mode, space)):
+            raise SpaceError(
+                f"observation_mode={mode!r}: env {i} has observation_space {space}, which differs from "
+                + ("env 0's" if named else "that space") + " in shape, dtype or structure. Envs may differ only in "
+                "bounds: each part of the observations has one shared-memory buffer of one shape and dtype for "
+                "all envs (AsyncVectorEnv requires the same).")
+    return found

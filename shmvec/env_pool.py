@@ -42,7 +42,16 @@ from shmvec._layout import close_mapping, make_gather
 from shmvec._queue import IndexQueue, push_in_flight, release_in_flight, send_ids_valid
 from shmvec._rows import copy_actions
 from shmvec._state import record, serialized
-from shmvec.shm_vector_env import gym_engine, gym_vector_seeds, per_env_values, usable_engine
+from shmvec.shm_vector_env import (
+    ENGINE_OPTIONS,
+    checked_env_fns,
+    env_render_mode,
+    gym_engine,
+    gym_vector_seeds,
+    per_env_values,
+    refuse_unknown_keywords,
+    usable_engine,
+)
 
 _CLOSE_S = 5.0
 
@@ -200,6 +209,8 @@ class ShmEnvPool(Uncopyable):
         spin_us: float | tuple[float, float] | None = None,
         **engine_kwargs: Any,
     ) -> None:
+        checked_env_fns(env_fns, type(self).__name__, batch_size)
+        refuse_unknown_keywords(type(self), engine_kwargs, ENGINE_OPTIONS - {"copy"})  # (results are always copies)
         env_fns = list(env_fns)
         mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
         if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
@@ -230,7 +241,7 @@ class ShmEnvPool(Uncopyable):
         self.action_space = batch_space(self.single_action_space, batch_size)
         self.metadata = dict(engine.metadata)
         self.metadata["autoreset_mode"] = mode
-        self.render_mode = engine.env_render_mode()
+        self.render_mode = env_render_mode(engine)
         self._in_flight = np.zeros(self.num_envs, dtype=np.bool_)
         self._pending_infos: dict[int, Any] = {}
         self._partial: list[int] = []

@@ -360,9 +360,9 @@ def mistaken_env_hint(obj: Any, public_name: str) -> str | None:
     name = type(obj).__name__
     if "pettingzoo" in packages:
         return (
-            f"a PettingZoo multi-agent env ({name}): multi-agent envs are not supported by {public_name} yet, "
-            "which runs single-agent Gymnasium envs. SuperSuit turns a PettingZoo ParallelEnv into a vector env of "
-            "one single-agent env per agent that SB3 takes: "
+            f"a PettingZoo multi-agent env ({name}): {public_name} runs single-agent Gymnasium envs. For PettingZoo "
+            "ParallelEnvs use shmvec.ShmMultiAgentVecEnv(env_fns), one SB3 row per agent (docs/multi-agent.md). "
+            "SuperSuit's way works too, a vector env of one single-agent env per agent: "
             "env = supersuit.pettingzoo_env_to_vec_env_v1(parallel_env); "
             "env = supersuit.concat_vec_envs_v1(env, n_copies, base_class='stable_baselines3') (an AEC env goes "
             "through pettingzoo.utils.conversions.aec_to_parallel first)."

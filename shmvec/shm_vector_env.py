@@ -2,24 +2,31 @@
 
 It holds an :class:`shmvec._engine.Engine` (as ``ShmVecEnv`` does), built with the worker
 autoreset mode that matches Gymnasium's ``AutoresetMode``, and only turns its raw results (shared
-buffers plus the sparse infos the workers sent) into Gymnasium's batched return values.
+buffers plus the sparse infos the workers sent) into Gymnasium's batched return values.  It takes
+``AsyncVectorEnv``'s constructor arguments and its asynchronous pairs (``step_async``/``step_wait``,
+``reset_async``/``reset_wait``, ``call_async``/``call_wait``, each wait with its ``timeout``).
 """
 
 from __future__ import annotations
 
 import copy as _copy
+import difflib
+import inspect
+import numbers
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space
+from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
 from shmvec import _protocol as P
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
-from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, ShmVecEnvError
+from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, NoAsyncCallError, ShmVecEnvError
+from shmvec._options import Options
 from shmvec._state import serialized
 
 _WORKER_MODE = {
@@ -27,6 +34,11 @@ _WORKER_MODE = {
     AutoresetMode.SAME_STEP: P.AUTORESET_SAME_STEP,
     AutoresetMode.DISABLED: P.AUTORESET_DISABLED,
 }
+# The engine options a user may pass by keyword (those of Options.build that the faces do not set themselves).
+ENGINE_OPTIONS = frozenset(inspect.signature(Options.build).parameters) - {"env_fns", "autoreset", "public_name",
+                                                                         "restartable"}
+# What AsyncVectorEnv's worker refuses to run through call(): they have methods of their own.
+_NOT_BY_CALL = ("reset", "step", "close")
 
 
 def usable_engine(owner: Any) -> Engine:
@@ -80,6 +92,107 @@ def gym_engine(env_fns: Sequence[Callable[[], gym.Env]], autoreset: str, owner: 
     return Engine(env_fns, batch_dict=dict, autoreset=autoreset, public_name=owner, restartable=False, **options)
 
 
+def env_render_mode(engine: Engine) -> str | None:
+    """The envs' common ``render_mode`` (as SB3's ``VecEnv.__init__`` finds it), for the faces
+    that are not SB3's: a warning and None if the envs have none."""
+    try:
+        modes = engine.call(P.Call.GET_ATTR, None, ("render_mode",))
+    except AttributeError:
+        warnings.warn("The `render_mode` attribute is not defined in your environment. It will be set to None.")
+        modes = [None] * engine.num_envs
+    if not all(mode == modes[0] for mode in modes):
+        raise ValueError(f"render_mode should be the same for all environments, got {modes}")
+    return modes[0]
+
+
+# ---- the constructor's arguments, in the user's words ------------------------------------------------
+def refuse_unknown_keywords(owner: type, given: dict[str, Any], known: Any) -> None:
+    """Python's own TypeError for a keyword that neither ``owner.__init__`` nor the engine takes,
+    naming ``owner.__init__()`` (not the engine's function it would reach), with the nearest name."""
+    for name in given:
+        if name not in known:
+            names = sorted(set(known) | set(inspect.signature(owner.__init__).parameters) - {"self", "engine_kwargs"})
+            near = difflib.get_close_matches(name, names, n=1)
+            raise TypeError(f"{owner.__name__}.__init__() got an unexpected keyword argument {name!r}"
+                            + (f"; did you mean {near[0]!r}?" if near else ""))
+
+
+def checked_env_fns(env_fns: Any, owner: str, second: Any = None) -> None:
+    """A TypeError that says what to write when ``env_fns`` is not a list of factories: a number
+    (with a factory next to it: TorchRL's ``ParallelEnv(num_workers, create_env_fn)``), one factory,
+    an env, a vector env, a PettingZoo env (told by module name: pettingzoo is not imported), a string."""
+    packages = {cls.__module__.split(".")[0] for cls in type(env_fns).__mro__}
+    fix = f"{owner}([make_env] * n_envs)"
+    if isinstance(env_fns, numbers.Integral) and not isinstance(env_fns, (bool, np.bool_)):
+        if callable(second):
+            fn = getattr(second, "__name__", "")
+            fn = fn if fn.isidentifier() else "make_env"
+            raise TypeError(f"{owner}({env_fns}, {fn}): {owner} takes a list of env factories, one per env, not "
+                            f"(num_envs, factory) as TorchRL's ParallelEnv does. Write {owner}([{fn}] * {env_fns}).")
+        raise TypeError(f"{owner}'s first argument is a list of env factories, not a number ({env_fns}): write "
+                        f"{owner}([make_env] * {env_fns}), or shmvec.make_vec(env_id, num_envs={env_fns}).")
+    if isinstance(env_fns, VectorEnv) or "stable_baselines3" in packages:
+        raise TypeError(f"{owner} got a vector env ({type(env_fns).__name__}); it builds its own envs from factories, "
+                        f"one per env: pass those factories, {fix}.")
+    if "pettingzoo" in packages:
+        raise TypeError(f"{owner} got a PettingZoo env ({type(env_fns).__name__}): it runs single-agent Gymnasium "
+                        "envs, built by a list of factories. A multi-agent env is not supported; SuperSuit's "
+                        "pettingzoo_env_to_vec_env_v1 turns a ParallelEnv's agents into a vector env of their own.")
+    if isinstance(env_fns, gym.Env):
+        raise TypeError(f"{owner} got an env instance ({type(env_fns).__name__}); it takes factories that each "
+                        f"build a new env in a worker: {owner}([lambda: gym.make(env_id)] * n_envs).")
+    if isinstance(env_fns, (str, bytes)):
+        raise TypeError(f"{owner} takes a list of env factories, not an env id ({env_fns!r}): "
+                        f"shmvec.make_vec({env_fns!r}, num_envs=n), or {owner}([lambda: gym.make({env_fns!r})] * n).")
+    if callable(env_fns):
+        raise TypeError(f"{owner} takes a list of env factories, got one {type(env_fns).__name__}: {fix}.")
+
+
+def async_vector_args(num_envs: int, start_method: str | None, context: str | None, worker: Any,
+                      observation_mode: Any, max_concurrency: Any, n_workers: Any, envs_per_worker: Any) -> tuple:
+    """AsyncVectorEnv's arguments as the engine takes them: ``(start_method, n_workers, observation_mode)``.
+
+    :raises ValueError: ``context`` and ``start_method`` disagree; a custom ``worker``; an
+        ``observation_mode`` that is not "same", "different" or ``(batched space, single space)``;
+        a ``max_concurrency`` that is not a positive int, or below ``n_workers``.
+    :raises TypeError: ``observation_mode`` a pair that is not of two spaces (as AsyncVectorEnv).
+    """
+    if worker is not None:
+        raise ValueError(
+            "ShmVectorEnv takes no custom worker (worker=...): its workers are shmvec's own loop, each stepping a "
+            "slice of the envs through shared memory, not AsyncVectorEnv's one-env-per-pipe _async_worker, so a "
+            "worker written for AsyncVectorEnv cannot run there. Change what an env does in step or reset with a "
+            "gymnasium.Wrapper inside its factory, or keep AsyncVectorEnv for a custom worker.")
+    if context is not None and start_method is not None and context != start_method:
+        raise ValueError(f"context={context!r} and start_method={start_method!r} disagree: they are the same option "
+                         "(AsyncVectorEnv's name and shmvec's), pass one")
+    if isinstance(observation_mode, tuple) and len(observation_mode) == 2:
+        if not all(isinstance(space, gym.Space) for space in observation_mode):
+            raise TypeError(f"Expected both elements of observation_mode to be Spaces, got "
+                            f"{type(observation_mode[0])} and {type(observation_mode[1])}")
+        mode = observation_mode[1]  # every env's space must have its shapes and dtypes
+    elif isinstance(observation_mode, str) and observation_mode in ("same", "different"):
+        mode = observation_mode
+    else:
+        hint = (" (a space alone: pass (batched space, single space), as AsyncVectorEnv takes it)"
+                if isinstance(observation_mode, gym.Space) else "")
+        raise ValueError(f"Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and batch "
+                         f"observation space, actual got {observation_mode}{hint}")
+    if max_concurrency is not None:
+        # One worker steps its envs one after the other: at most n_workers envs run at once.
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, (int, np.integer)):
+            raise ValueError(f"`max_concurrency` must be an integer or None, got {type(max_concurrency)}.")
+        if max_concurrency < 1:
+            raise ValueError(f"`max_concurrency` must be a positive or None, got {max_concurrency}.")
+        workers = n_workers if envs_per_worker is None else -(-num_envs // envs_per_worker)
+        if workers is None:
+            n_workers = min(int(max_concurrency), num_envs)
+        elif workers > max_concurrency:
+            raise ValueError(f"{workers} workers step up to {workers} envs at once, more than "
+                             f"max_concurrency={max_concurrency}: pass n_workers <= max_concurrency (or only one)")
+    return start_method or context, n_workers, mode
+
+
 class ShmVectorEnv(Uncopyable, VectorEnv):
     """A ``gymnasium.vector.VectorEnv`` whose workers step slices of the envs in shared memory.
 
@@ -104,6 +217,12 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
       ``reset(options={"reset_mask": mask})`` before stepping them again (stepping an env that
       ended and was not reset raises ``ShmVecEnvError``).
 
+    As ``AsyncVectorEnv``: ``step_async``/``step_wait``, ``reset_async``/``reset_wait``,
+    ``call_async``/``call_wait``; a wait past its ``timeout`` raises ``multiprocessing.TimeoutError``
+    and leaves the call in flight, for a later wait to collect (``AsyncVectorEnv`` forgets it, and
+    its next wait reads the late answer in place of its own).  ``reset()`` finishes and drops a
+    step left in flight (a Ctrl-C, or ``step_async`` without ``step_wait``).
+
     One difference from ``SyncVectorEnv``: an empty ``options`` dict is not passed on to the envs'
     ``reset`` (as SB3 does); ``reset(options={"reset_mask": m})`` alone resets with no options.
 
@@ -114,16 +233,37 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         they are views of the shared buffers that **the next step overwrites**.
     :param n_workers, start_method, worker_threads, timeout, spin_us, mailbox_bytes: as for
         :class:`shmvec.ShmVecEnv`; so are further keyword arguments (``envs_per_worker``,
-        ``cpu_affinity``, ``preload``, ...).
+        ``cpu_affinity``, ``preload``, ...).  ``timeout`` breaks the vector env when workers do
+        not answer in time; a wait's own ``timeout=`` does not.
+    :param context: ``AsyncVectorEnv``'s name for ``start_method`` (give one, or the same).
+    :param observation_mode: ``"same"`` (default): every env has the same observation space.
+        ``"different"``: the envs' spaces may differ in bounds (``Box`` low/high, ``Discrete`` n), not
+        in shapes, dtypes or structure, since each part of the observations is one buffer in shared
+        memory; ``observation_space`` is then Gymnasium's ``batch_differing_spaces`` of them.
+        ``(batched space, single space)``: taken as ``observation_space`` and
+        ``single_observation_space``; every env's space must have the single space's shapes and dtypes.
+    :param max_concurrency: at most this many envs step at once: each worker steps its envs one
+        after another, so ``n_workers`` defaults to it (and may not exceed it).
+    :param shared_memory: taken for ``AsyncVectorEnv``'s sake: shmvec always uses shared memory,
+        and ``False`` changes nothing (results are the same either way).
+    :param daemon: taken for ``AsyncVectorEnv``'s sake: the workers are always daemonic processes,
+        so an env cannot start processes of its own (``daemon=False`` does not change that).
+    :param worker: must be None: a custom worker is refused (ValueError), see above.
 
-    :raises TypeError: ``env_fns`` holds something that is not callable.
-    :raises ValueError: an unknown ``autoreset_mode``.
-    :raises SpaceError: the envs' spaces differ or are not Gymnasium spaces (a space without a
-        fixed size, ``Text``, ``Sequence``, ...: its values travel pickled, batched as a tuple).
+    :raises TypeError: ``env_fns`` is not a list of factories (the message says what to write), or
+        an unknown keyword argument.
+    :raises ValueError: an unknown ``autoreset_mode``; a custom ``worker``; ``context`` and
+        ``start_method`` that disagree; a bad ``observation_mode`` or ``max_concurrency``.
+    :raises SpaceError: the envs' spaces differ (beyond ``observation_mode``) or cannot live in
+        shared memory (a ``RuntimeError``, as ``AsyncVectorEnv`` raises); a leaf without a fixed size
+        (``Text``, ``Sequence``, ...) travels pickled, batched as a tuple.
     :raises WorkerDiedError: a worker died while starting.
     """
 
     _engine: Engine | None = None
+    shared_memory = True  # always: AsyncVectorEnv's attribute
+    daemon = True  # the workers always are
+    worker = None
 
     def __init__(
         self,
@@ -136,31 +276,58 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         timeout: float | None = None,
         spin_us: float | tuple[float, float] | None = None,
         mailbox_bytes: int = P.MAILBOX_BYTES,
+        *,
+        context: str | None = None,
+        observation_mode: str | tuple[gym.Space, gym.Space] = "same",
+        max_concurrency: int | None = None,
+        shared_memory: bool = True,
+        daemon: bool = True,
+        worker: Any = None,
         **engine_kwargs: Any,
     ) -> None:
+        owner = type(self)
+        checked_env_fns(env_fns, owner.__name__, autoreset_mode)
+        refuse_unknown_keywords(owner, engine_kwargs, ENGINE_OPTIONS)
+        if isinstance(autoreset_mode, (bool, np.bool_)):
+            raise TypeError(f"{owner.__name__}'s second argument is autoreset_mode, not AsyncVectorEnv's shared_memory "
+                            "(got a bool): pass AsyncVectorEnv's options by keyword (shared_memory=, copy=, context=)")
         self.autoreset_mode = (
             autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
         )
+        env_fns = list(env_fns)
+        start_method, n_workers, mode = async_vector_args(
+            len(env_fns), start_method, context, worker, observation_mode, max_concurrency, n_workers,
+            engine_kwargs.get("envs_per_worker"))
         self.copy = copy
+        self.observation_mode = observation_mode
+        self.max_concurrency = max_concurrency
         self._engine = engine = gym_engine(
-            env_fns, _WORKER_MODE[self.autoreset_mode], type(self).__name__, n_workers=n_workers,
+            env_fns, _WORKER_MODE[self.autoreset_mode], owner.__name__, n_workers=n_workers,
             start_method=start_method, copy=copy, worker_threads=worker_threads, timeout=timeout, spin_us=spin_us,
-            mailbox_bytes=mailbox_bytes, **engine_kwargs,
+            mailbox_bytes=mailbox_bytes, observation_mode=mode, **engine_kwargs,
         )
         self.num_envs = engine.num_envs
+        self.context = engine.options.start_method
         self.metadata = dict(engine.metadata)
         self.metadata["autoreset_mode"] = self.autoreset_mode
         try:
-            self.render_mode = engine.env_render_mode()
+            self.render_mode = env_render_mode(engine)
         except BaseException:
             self.close()
             raise
-        self.single_observation_space = engine.observation_space
+        if isinstance(observation_mode, tuple):
+            self.observation_space, self.single_observation_space = observation_mode
+        elif observation_mode == "different":
+            self.single_observation_space = engine.env_observation_spaces[0]
+            self.observation_space = batch_differing_spaces(engine.env_observation_spaces)
+        else:
+            self.single_observation_space = engine.observation_space
+            self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.single_action_space = engine.action_space
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         # DISABLED: envs that ended and were not reset since (stepping them is refused).
         self._ended = np.zeros(self.num_envs, dtype=np.bool_)
+        self._reset_mask: np.ndarray | None = None  # the mask of the reset_async() in flight
 
     @classmethod
     def from_id(
@@ -179,7 +346,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         """
         return make_vec(id, num_envs=num_envs, vector_kwargs=vector_kwargs, wrappers=wrappers, **kwargs)
 
-    # ---- Gymnasium VectorEnv API -----------------------------------------------------------------------
+    # ---- reset -------------------------------------------------------------------------------------------
     @serialized
     def reset(
         self,
@@ -189,15 +356,42 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
     ) -> tuple[Any, dict[str, Any]]:
         """Resets every env (or those in ``options["reset_mask"]``), as ``SyncVectorEnv.reset``.
 
+        A step left in flight (a Ctrl-C, or ``step_async`` without ``step_wait``) is finished and dropped first.
+
         :param seed: None (unseeded), an int (env i gets ``seed + i``) or one seed (or None) per env.
         :param options: passed to each env's ``reset``; ``"reset_mask"`` (a bool array of shape
             ``(num_envs,)``) selects the envs to reset (the others keep their observation).
         :raises ValueError, TypeError: a seed list or reset mask of the wrong length, type or shape.
+        :raises AlreadyPendingCallError: a ``reset_async`` or ``call_async`` is in flight.
         :raises ClosedVecEnvError, BrokenVecEnvError: the vector env is closed or broken.
         :raises WorkerDiedError: a worker died; the original exception type if an env raised.
         """
+        seeds, per_env, mask = self._reset_args(seed, options)
+        engine = self._usable("reset", finish_step=True)
+        return self._reset_return(engine.reset(seeds, per_env, mask), mask)
+
+    @serialized
+    def reset_async(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
+        """Starts the reset that :meth:`reset_wait` collects (the arguments and errors of :meth:`reset`)."""
+        seeds, per_env, mask = self._reset_args(seed, options)
+        engine = self._usable("reset_async", finish_step=True)
+        engine.reset(seeds, per_env, mask, wait=False)
+        self._reset_mask = mask
+
+    @serialized
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
+        """The ``(observations, infos)`` of the reset started by :meth:`reset_async`.
+
+        :raises multiprocessing.TimeoutError: ``timeout`` seconds passed and workers still reset;
+            the reset stays in flight (a later ``reset_wait()`` collects it).
+        :raises NoAsyncCallError: no ``reset_async`` in flight.
+        """
+        engine = self._waiting_for("reset")
+        return self._reset_return(engine.reset_wait(timeout), self._reset_mask)
+
+    def _reset_args(self, seed: Any, options: dict[str, Any] | None) -> tuple[list, list, np.ndarray | None]:
+        """Per-env seeds and options, and the reset mask, checked before anything is sent."""
         seeds = gym_vector_seeds(seed, self.num_envs)
-        engine = self._usable(finish_step=True)
         mask = None
         if options is not None and "reset_mask" in options:
             options = dict(options)
@@ -213,7 +407,10 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
                     "`options['reset_mask']` must contain a boolean array with at least one True value, "
                     f"got reset_mask={mask}"
                 )
-        results = engine.reset(seeds, [options] * self.num_envs, mask)
+            mask = mask.copy()  # (reset_async: the caller may change it before reset_wait)
+        return seeds, [options] * self.num_envs, mask
+
+    def _reset_return(self, results: list[list], mask: np.ndarray | None) -> tuple[Any, dict[str, Any]]:
         if mask is None:
             self._ended[:] = False
         else:
@@ -224,31 +421,49 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
                 infos = self._add_info(infos, info, i)
         return self._observations(), infos
 
+    # ---- step --------------------------------------------------------------------------------------------
     @serialized
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Steps every env with its action; returns (obs, rewards, terminated, truncated, infos).
 
-        :raises ValueError: the actions do not fit the batched action space.
+        :raises ValueError: the actions do not fit the batched action space (their number included).
         :raises ShmVecEnvError: ``DISABLED`` autoreset and an env that ended was not reset.
         :raises ClosedVecEnvError, BrokenVecEnvError: the vector env is closed or broken.
-        :raises AlreadyPendingCallError: a step interrupted by Ctrl-C is still in flight: call
-            ``reset()``, which finishes it and drops it.
+        :raises AlreadyPendingCallError: a step (a Ctrl-C left it, or ``step_async``), a
+            ``reset_async`` or a ``call_async`` is in flight.
         :raises WorkerDiedError: a worker died; the original exception type if an env raised.
         """
-        engine = self._usable()
-        mode = self.autoreset_mode
-        if mode == AutoresetMode.DISABLED and self._ended.any():
+        self.step_async(actions)
+        return self.step_wait()
+
+    @serialized
+    def step_async(self, actions: Any) -> None:
+        """Writes ``actions`` into shared memory and starts every worker (:meth:`step_wait` collects
+        the step); the errors of :meth:`step`."""
+        engine = self._usable("step_async")
+        if self.autoreset_mode == AutoresetMode.DISABLED and self._ended.any():
             raise ShmVecEnvError(
                 f"envs {np.flatnonzero(self._ended).tolist()} ended (terminated or truncated) and autoreset_mode is "
                 "DISABLED: reset them with reset(options={'reset_mask': mask}) before the next step."
             )
-        # A Ctrl-C once the step is posted leaves it in flight until its return is built:
-        # reset() finishes it and drops it.  Refused actions (nothing posted) and a failed step
-        # (the engine is broken) leave nothing in flight.
         engine.post_step(actions)
-        results = engine.complete_step()
+
+    @serialized
+    def step_wait(self, timeout: float | None = None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """The step started by :meth:`step_async` (or left in flight by a Ctrl-C or a timeout).
+
+        :raises multiprocessing.TimeoutError: ``timeout`` seconds passed and workers still step;
+            the step stays in flight (a later ``step_wait()`` collects it, ``reset()`` drops it).
+        :raises NoAsyncCallError: no step in flight.
+        :raises WorkerDiedError: a worker died; the original exception type if an env raised.
+        """
+        engine = self._waiting_for("step")
+        engine.status.check_poster("step_wait")
+        # A Ctrl-C here leaves the step in flight until its return is built: step_wait() collects
+        # it, reset() finishes it and drops it.  A failed step (the engine is broken) leaves nothing.
+        results = engine.complete_step(timeout)
         try:
-            out = self._step_return(engine, results, mode)
+            out = self._step_return(engine, results, self.autoreset_mode)
         except Exception:
             engine.finish_step()  # the step's own failure (an info Gymnasium's dicts cannot take): it is over
             raise
@@ -281,15 +496,37 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
                 self._ended |= terminated | truncated
         return self._observations(), rewards, terminated, truncated, infos
 
+    # ---- calls to the envs -------------------------------------------------------------------------------
     @serialized
     def render(self) -> tuple[Any, ...] | None:
         """The frames of every env's ``render()``, as a tuple."""
-        return tuple(self._usable().call(P.Call.RENDER, None, ()))
+        return tuple(self._usable("render").call(P.Call.RENDER, None, ()))
 
     @serialized
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls method ``name`` of every env (or returns attribute ``name`` if it is not callable)."""
-        return tuple(self._usable().call(P.Call.CALL, None, (name, args, kwargs)))
+        """Calls method ``name`` of every env (or returns attribute ``name`` if it is not callable).
+
+        :raises ValueError: ``name`` is ``reset``, ``step`` or ``close`` (call those directly), as AsyncVectorEnv.
+        """
+        _callable_by_name(name)
+        return tuple(self._usable("call").call(P.Call.CALL, None, (name, args, kwargs)))
+
+    @serialized
+    def call_async(self, name: str, /, *args: Any, **kwargs: Any) -> None:
+        """Starts :meth:`call` (``call_wait`` collects it); its arguments are pickled here, so one
+        that does not pickle raises now and changes nothing."""
+        _callable_by_name(name)
+        self._usable("call_async").call_async(P.Call.CALL, None, (name, args, kwargs))
+
+    @serialized
+    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+        """The answers of the call started by :meth:`call_async`, or an env's error (as :meth:`call`).
+
+        :raises multiprocessing.TimeoutError: ``timeout`` seconds passed with answers missing;
+            the call stays in flight (a later ``call_wait()`` collects it).
+        :raises NoAsyncCallError: no ``call_async`` in flight.
+        """
+        return tuple(self._waiting_for("call").call_wait(timeout))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """Attribute ``name`` of every env, as Gymnasium does it (through :meth:`call`)."""
@@ -301,7 +538,6 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
 
         :raises ValueError: a list or tuple whose length is not ``num_envs``.
         """
-        engine = self._usable()
         if not isinstance(values, (list, tuple)):
             values = [values for _ in range(self.num_envs)]
         if len(values) != self.num_envs:
@@ -309,7 +545,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
                 "Values must be a list or tuple with length equal to the number of environments. "
                 f"Got `{len(values)}` values for {self.num_envs} environments."
             )
-        engine.call(P.Call.SET_WRAPPER_ATTR, None, (name, list(values)))
+        self._usable("set_attr").call(P.Call.SET_WRAPPER_ATTR, None, (name, list(values)))
 
     @property
     def np_random_seed(self) -> tuple[int, ...]:
@@ -321,37 +557,27 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         """The ``np_random`` generator of every env (copies: the envs' own live in the workers)."""
         return self.get_attr("np_random")
 
-    def close_extras(self, **kwargs: Any) -> None:
-        """Stops the workers and frees the shared memory (``close()`` calls it once)."""
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.close()
-
     @property
     def n_workers(self) -> int:
-        return self._usable().n_workers
+        return usable_engine(self).n_workers
 
-    # ---- internals ------------------------------------------------------------------------------------
-    def _usable(self, finish_step: bool = False) -> Engine:
-        """The engine, if it can take a call.  A step that a Ctrl-C left in flight (Gymnasium's
-        API has no step_wait() to collect it) is finished and dropped by ``finish_step`` (reset);
-        any other call raises AlreadyPendingCallError saying to reset."""
-        engine = usable_engine(self)
-        if engine.status.waiting:
-            if not finish_step:
-                raise AlreadyPendingCallError(
-                    f"a step interrupted (Ctrl-C) is still in flight in this {type(self).__name__}: call reset() "
-                    "(it finishes the step and drops it), or close()")
-            engine.complete_step()  # raises what the step raised (the env is then broken)
-            if self.autoreset_mode == AutoresetMode.DISABLED:  # the envs that ended in it still need a reset
-                self._ended |= engine.views.terminated | engine.views.truncated
-            engine.finish_step()
-        return engine
+    # ---- the end -----------------------------------------------------------------------------------------
+    def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
+        """Stops the workers and frees the shared memory (``close()`` calls it once; its keyword
+        arguments come here).  A step or ``reset_async`` in flight is finished first.
 
-    def _observations(self) -> Any:
-        engine = self._engine
-        assert engine is not None
-        return engine.obs_copy(slice(None)) if self.copy else engine.obs_view(slice(None))
+        :param timeout: seconds to wait for that (default 5; then the workers are terminated).
+        :param terminate: terminate the workers at once (the envs' ``close()`` does not run).
+        """
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close(terminate=terminate, timeout=timeout)
+
+    def __enter__(self) -> "ShmVectorEnv":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def __del__(self) -> None:
         if not getattr(self, "closed", True) and self._engine is not None:
@@ -359,6 +585,45 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
                 self.close()
             except Exception:
                 pass
+
+    # ---- internals ---------------------------------------------------------------------------------------
+    def _usable(self, what: str, finish_step: bool = False) -> Engine:
+        """The engine, if it can take ``what``.  A step left in flight (a Ctrl-C, ``step_async``
+        without ``step_wait``, a ``step_wait`` past its timeout) is finished and dropped when
+        ``finish_step`` (reset); anything else in flight raises AlreadyPendingCallError, in
+        Gymnasium's words and then ours."""
+        engine = usable_engine(self)
+        pending = engine.status.pending
+        if pending == "step" and finish_step:
+            engine.complete_step()  # raises what the step raised (the env is then broken)
+            if self.autoreset_mode == AutoresetMode.DISABLED:  # the envs that ended in it still need a reset
+                self._ended |= engine.views.terminated | engine.views.truncated
+            engine.finish_step()
+        elif pending is not None:
+            hint = ("step_async() not collected yet by step_wait(), or a step interrupted by Ctrl-C: call "
+                    "step_wait() to collect it, or call reset() (it finishes the step and drops it)"
+                    if pending == "step" else f"call {pending}_wait() to collect it")
+            raise AlreadyPendingCallError(
+                f"Calling `{what}` while waiting for a pending call to `{pending}` to complete ({hint}).", pending)
+        return engine
+
+    def _waiting_for(self, pending: str) -> Engine:
+        """The engine, if ``pending`` ("step", "reset", "call") is in flight; NoAsyncCallError otherwise."""
+        engine = usable_engine(self)
+        if engine.status.pending != pending:
+            raise NoAsyncCallError(f"Calling `{pending}_wait` without any prior call to `{pending}_async`.", pending)
+        return engine
+
+    def _observations(self) -> Any:
+        engine = self._engine
+        assert engine is not None
+        return engine.obs_copy(slice(None)) if self.copy else engine.obs_view(slice(None))
+
+
+def _callable_by_name(name: str) -> None:
+    """``call(name)`` refuses the env methods that have vector counterparts, as AsyncVectorEnv's worker does."""
+    if name in _NOT_BY_CALL:
+        raise ValueError(f"Trying to call function `{name}` with `call`, use `{name}` directly instead.")
 
 
 def make_vec(

@@ -793,3 +793,72 @@ def make_unbatchable_info_env(index: int = 0) -> gym.Env:
     """At step 2, env i's info["k"] is an array of 2 + i ones: Gymnasium's _add_info, which
     sizes its batch from the first env with the key, cannot batch them (ValueError)."""
     return InfoAtEnv({"k": np.ones(2 + index)}, tag=index)
+
+
+# ---------------------------------------------------------------------------------------------
+# For ShmVectorEnv's AsyncVectorEnv surface (tests/frontends/test_vector_async.py)
+# ---------------------------------------------------------------------------------------------
+
+class NapStep(gym.Wrapper):
+    """Sleeps ``seconds`` in every ``step`` and ``reset_seconds`` in every ``reset``: a slow env
+    that leaves its core to the others (unlike :class:`SlowStep`)."""
+
+    def __init__(self, env: gym.Env, seconds: float, reset_seconds: float = 0.0) -> None:
+        super().__init__(env)
+        self.seconds = seconds
+        self.reset_seconds = reset_seconds
+
+    def reset(self, **kwargs):
+        time.sleep(self.reset_seconds)
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        time.sleep(self.seconds)
+        return self.env.step(action)
+
+
+def make_napping_spaces_env(seconds: float, index: int = 0, reset_seconds: float = 0.0) -> gym.Env:
+    """``make_spaces_env("box", "discrete", index)`` that sleeps ``seconds`` in each step."""
+    return NapStep(make_spaces_env("box", "discrete", index), seconds, reset_seconds)
+
+
+class BoundsEnv(SpacesEnv):
+    """A :class:`SpacesEnv` whose observation space depends on ``index``: ``"dict"`` and ``"box"``
+    only in bounds (Box low/high, Discrete n, MultiDiscrete nvec), what Gymnasium's
+    ``observation_mode="different"`` batches; ``"shape"`` in shape, which it cannot."""
+
+    def __init__(self, index: int = 0, kind: str = "dict") -> None:
+        super().__init__("box", "discrete", tag=index)
+        if kind == "dict":
+            self.observation_space = spaces.Dict({
+                "pos": spaces.Box(-1.0 - index, 1.0 + index, shape=(3,), dtype=np.float32),
+                "mode": spaces.Discrete(3 + index),
+                "counts": spaces.MultiDiscrete([2 + index, 3]),
+            })
+        elif kind == "box":
+            self.observation_space = spaces.Box(-1.0 - index, 1.0 + 2 * index, shape=(4,), dtype=np.float64)
+        elif kind == "shape":
+            self.observation_space = spaces.Box(-1.0, 1.0, shape=(2 + index,), dtype=np.float32)
+        else:
+            raise ValueError(f"unknown kind {kind!r}")
+
+
+def make_bounds_env(index: int = 0, kind: str = "dict") -> gym.Env:
+    return TimeLimit(BoundsEnv(index, kind), max_episode_steps=9 + index)
+
+
+class FakeParallelEnv:
+    """Stands in for a PettingZoo ``ParallelEnv``: shmvec tells one by its module name (pettingzoo
+    is not imported, nor installed here)."""
+
+    __module__ = "pettingzoo.utils.env"
+    possible_agents = ["a", "b"]
+
+
+def make_fake_pettingzoo_env() -> Any:
+    return FakeParallelEnv()
+
+
+def make_vector_env_instead() -> Any:
+    """A factory that builds a vector env where one env was expected."""
+    return gym.vector.SyncVectorEnv([make_cartpole])

@@ -255,9 +255,10 @@ def test_a_ctrl_c_at_any_line_of_an_sb3_pool_step_leaves_it_unsent_or_in_flight(
 
 
 @pytest.mark.timeout(300, method="thread")
-def test_a_ctrl_c_at_any_line_of_a_vector_env_step_leaves_it_unsent_for_reset_or_broken_never_stale():
-    """ShmVectorEnv (Gymnasium's API, no step_wait()): a step left in flight is finished and
-    dropped by reset(); every other call says to reset.  Checked against SyncVectorEnv."""
+def test_a_ctrl_c_at_any_line_of_a_vector_env_step_leaves_it_unsent_in_flight_or_broken_never_stale():
+    """ShmVectorEnv (Gymnasium's API): a step left in flight is collected by step_wait() (as
+    AsyncVectorEnv's) or finished and dropped by reset(); every other call says so.  Checked
+    against SyncVectorEnv."""
     from gymnasium.vector import SyncVectorEnv
 
     from shmvec import ShmVectorEnv
@@ -275,9 +276,9 @@ def test_a_ctrl_c_at_any_line_of_a_vector_env_step_leaves_it_unsent_for_reset_or
     try:
         both_reset()
         for func, line, where in _every_line([
-                ShmVectorEnv.step, ShmVectorEnv._step_return, Engine.post_step, Engine.post,
-                Engine._wake_posted, Status.enter, Engine.complete_step, Engine.complete,
-                Engine._complete_or_raise, Engine.finish_step]):
+                ShmVectorEnv.step, ShmVectorEnv.step_async, ShmVectorEnv.step_wait, ShmVectorEnv._step_return,
+                Engine.post_step, Engine.check_idle, Engine.post, Engine._wake_posted, Status.enter,
+                Engine.complete_step, Engine.complete, Engine._complete_or_raise, Engine.finish_step]):
             act = rng.integers(0, 3, size=4)
             engine = env._engine
             seqs = list(engine.seqs)
@@ -295,13 +296,18 @@ def test_a_ctrl_c_at_any_line_of_a_vector_env_step_leaves_it_unsent_for_reset_or
                 continue
             if engine.status.waiting:
                 outcomes["in flight"] += 1
-                with pytest.raises(AlreadyPendingCallError, match="call reset"):
+                with pytest.raises(AlreadyPendingCallError, match="call step_wait.*call reset"):
                     env.step(act)
-                ref.step(act)
-                both_reset()  # finishes the step and drops it
+                with pytest.raises(AlreadyPendingCallError, match="call step_wait"):
+                    env.get_attr("tag")
+                if outcomes["in flight"] % 2:
+                    assert_same(env.step_wait(), ref.step(act), where)  # collected, as AsyncVectorEnv's
+                else:
+                    ref.step(act)
+                    both_reset()  # finishes the step and drops it
             elif engine.seqs != seqs:
-                outcomes["lost"] += 1  # done; the interrupt landed as step() returned
-                assert func is inspect.unwrap(ShmVectorEnv.step) and _source_line(func, line) == "return out", where
+                outcomes["lost"] += 1  # done; the interrupt landed as step_wait() returned
+                assert func is inspect.unwrap(ShmVectorEnv.step_wait) and _source_line(func, line) == "return out", where
                 ref.step(act)
             else:
                 outcomes["not sent"] += 1
@@ -311,6 +317,90 @@ def test_a_ctrl_c_at_any_line_of_a_vector_env_step_leaves_it_unsent_for_reset_or
     finally:
         close_all(env, ref)
 
+
+
+@pytest.mark.timeout(300, method="thread")
+@pytest.mark.parametrize("what", ["reset", "call"])
+def test_a_ctrl_c_at_any_line_of_reset_async_or_call_async_and_their_waits_never_leaves_them_stale(what):
+    """ShmVectorEnv's reset_async/reset_wait and call_async/call_wait: an interrupt at any line
+    leaves nothing sent, the reset or call in flight (its wait collects it, equal to the
+    reference's), or the vector env broken (a post or a pipe message half done); lost only as the
+    engine's wait returns (its state IDLE).  Checked against SyncVectorEnv."""
+    from gymnasium.vector import SyncVectorEnv
+
+    from shmvec import ShmVectorEnv
+    from shmvec._channel import Channel, RareCall
+
+    fns = testenvs.spaces_env_fns("box", "discrete", 4, term_prob=0.3)
+    build = functools.partial(ShmVectorEnv, fns, n_workers=2, start_method="fork", timeout=30.0)
+    ref, env = SyncVectorEnv(fns), build()
+    rng = np.random.default_rng(1)
+    outcomes: Counter = Counter()
+    if what == "reset":
+        funcs = [ShmVectorEnv.reset_async, ShmVectorEnv.reset_wait, ShmVectorEnv._usable, ShmVectorEnv._waiting_for,
+                 Engine.reset, Engine.reset_wait, Engine.check_idle, Engine.post, Engine.complete,
+                 Engine._complete_or_raise, Status.enter]
+        lost_at = {(Engine.reset_wait, "return results")}
+    else:
+        funcs = [ShmVectorEnv.call_async, ShmVectorEnv.call_wait, Engine.call_async, Engine.call_wait,
+                 Engine.check_idle, RareCall.__init__, RareCall.result, Channel.send_call, Channel._send,
+                 Channel.answered, Channel.read_answers, Channel._read, Status.enter]
+        lost_at = {(Engine.call_wait, "self.pending_call = None"), (Engine.call_wait, "return call.result()")} | {
+            (RareCall.result, _source_line(RareCall.result, n)) for n in _lines(RareCall.result)}
+
+    def start_and_wait(arg: int) -> Any:
+        if what == "reset":
+            env.reset_async(seed=arg)
+            return env.reset_wait(timeout=20)
+        env.call_async("bump", arg)
+        return env.call_wait(timeout=20)
+
+    def reference(arg: int) -> Any:
+        return ref.reset(seed=arg) if what == "reset" else ref.call("bump", arg)
+
+    def both_reset() -> None:
+        seed = int(rng.integers(1000))
+        assert_same(env.reset(seed=seed), ref.reset(seed=seed), "reset")
+
+    try:
+        both_reset()
+        for func, line, where in _every_line(funcs):
+            arg = int(rng.integers(1, 1000))
+            engine = env._engine
+            seqs = list(engine.seqs)
+            got, fired = _interrupted(func, line, functools.partial(start_and_wait, arg))
+            if not fired:
+                outcomes["not reached"] += 1
+                assert_same(got, reference(arg), where)
+                continue
+            if engine.status.failure is not None:
+                outcomes["broken"] += 1
+                with pytest.raises(BrokenVecEnvError, match="KeyboardInterrupt"):
+                    env.get_attr("tag")
+                close_all(env, ref)
+                ref, env = SyncVectorEnv(fns), build()  # (the envs' counters start again)
+                both_reset()
+                continue
+            if engine.status.pending == what:
+                outcomes["in flight"] += 1
+                with pytest.raises(AlreadyPendingCallError, match=f"{what}_wait"):
+                    env.step(np.zeros(4, dtype=np.int64))
+                got = env.reset_wait() if what == "reset" else env.call_wait()
+                assert_same(got, reference(arg), where)
+            elif engine.seqs != seqs:
+                outcomes["lost"] += 1  # done; the interrupt landed as the engine's wait returned
+                assert (func, _source_line(func, line)) in lost_at, where
+                reference(arg)
+            else:
+                outcomes["not sent"] += 1
+            assert engine.status.pending is None, where
+            assert_same(env.call("bump", 0), ref.call("bump", 0), f"the counters after an interrupt at {where}")
+            both_reset()
+            act = rng.integers(0, 3, size=4)
+            assert_same(env.step(act), ref.step(act), f"the step after an interrupt at {where}")
+        assert outcomes["in flight"] >= 5 and outcomes["not sent"] >= 3 and outcomes["broken"] >= 1, outcomes
+    finally:
+        close_all(env, ref)
 
 
 def test_a_step_whose_results_fail_to_read_is_not_left_in_flight():

@@ -927,7 +927,8 @@ def test_a_vec_env_built_in_a_daemonic_process_says_what_to_do():
     ((gym.make("CartPole-v1"),), ["env_fns is a", "instance, not a factory", "not [env] * n"]),
     ((testenvs.make_cartpole,), ["env_fns must be a list of factories, got one function", "[make_env] * n_envs"]),
     ((factory_envs.make_parallel_env(),), ["PettingZoo multi-agent env (UserParallelEnv)",
-                                           "not supported by ShmVecEnv yet", "supersuit.pettingzoo_env_to_vec_env_v1",
+                                           "ShmVecEnv runs single-agent Gymnasium envs", "shmvec.ShmMultiAgentVecEnv(env_fns)",
+                                           "supersuit.pettingzoo_env_to_vec_env_v1",
                                            "concat_vec_envs_v1"]),
     (([factory_envs.make_parallel_env()] * 2,), ["env_fns[0] is a PettingZoo multi-agent env", "SuperSuit"]),
     ((factory_envs.make_vector_env(),), ["env_fns is a vector env (SyncVectorEnv of 2 envs)",
@@ -954,7 +955,7 @@ def test_an_empty_list_of_factories_names_the_class():
 
 @pytest.mark.parametrize("factory, says, not_says", [
     (factory_envs.make_parallel_env, ["env_fns[1] returned a PettingZoo multi-agent env (UserParallelEnv)",
-                                      "multi-agent envs are not supported by ShmVecEnv yet",
+                                      "ShmVecEnv runs single-agent Gymnasium envs", "shmvec.ShmMultiAgentVecEnv",
                                       "supersuit.concat_vec_envs_v1(env, n_copies, base_class='stable_baselines3')",
                                       "aec_to_parallel"], ["shimmy"]),
     (factory_envs.make_vector_env, ["env_fns[1] returned a vector env (SyncVectorEnv of 2 envs)",
@@ -982,7 +983,7 @@ def test_a_factory_that_returns_no_gymnasium_env_gets_the_hint_that_fits(factory
 def test_the_hints_name_the_gymnasium_face_and_its_own_way():
     from shmvec import ShmVectorEnv
 
-    with pytest.raises(TypeError, match="not supported by ShmVectorEnv yet"):
+    with pytest.raises(TypeError, match="ShmVectorEnv runs single-agent Gymnasium envs"):
         ShmVectorEnv([factory_envs.make_parallel_env] * 2, n_workers=1, start_method="fork")
     with pytest.raises(TypeError) as info:
         ShmVectorEnv(["CartPole-v1"] * 2)
