@@ -57,9 +57,9 @@ def _install(table: np.ndarray):
         table[row, RETURNED] = clock()
         return out
 
-    def timed_complete(self, command, deadline_s):
+    def timed_complete(self, command, deadline_s, *args):
         table[self.seqs[0] % rows, WAIT] = clock()
-        out = complete(self, command, deadline_s)
+        out = complete(self, command, deadline_s, *args)
         table[self.seqs[0] % rows, WAIT_DONE] = clock()
         return out
 
