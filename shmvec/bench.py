@@ -13,6 +13,10 @@ numbers do not.
 Also measured: start-up (construct + first reset) and memory (PSS of all processes) in a fresh
 interpreter per backend, and the round-trip latency of one step with one env of zero cost.
 A backend that is not installed is skipped with a note.
+
+``--preset multiagent`` runs PettingZoo envs (MPE's simple_spread, butterfly's pistonball) through
+``ShmMultiAgentVecEnv`` beside SuperSuit's own vec env for SB3, multiprocess (``num_cpus`` =
+workers) and in process (``num_cpus=0``, the reference there); steps/s count agent steps (rows).
 """
 
 from __future__ import annotations
@@ -30,13 +34,13 @@ import numpy as np
 
 from shmvec._bench import backends as B
 from shmvec._bench import scaling
-from shmvec._bench.envs import check_env_name, env_names
+from shmvec._bench.envs import check_env_name, env_missing, env_names, is_multiagent
 from shmvec._bench.measures import Ceiling, bare_loop_sps, cores, median_ratio, side_by_side, summarize_latency
 from shmvec._bench.remote import RemoteBackend, RemoteError, footprint
 from shmvec._bench.session import LocalBackend, Progress, describe_error, machine
 
 RESULTS_VERSION = 1
-REFERENCE = "DummyVecEnv"
+REFERENCE = "DummyVecEnv"  # of the single-agent envs (B.reference(env) says which, per env)
 OURS = "ShmVecEnv"
 CEILING = "bare loops at once"  # the ceiling stepper's name in the rounds (never a backend name)
 
@@ -54,6 +58,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     "targets": {
         "envs": ["CartPole-v1", "image-84x84x4", "busy-200us"], "n_envs": [64], "seconds": 5.0,
         "points": ["CartPole-v1:64", "image-84x84x4:64", "busy-200us:16"], "footprint_at": None,
+    },
+    # PettingZoo envs: ShmMultiAgentVecEnv against SuperSuit's vec env, multiprocess and in process
+    # (about a minute on 2 cores); agent steps/s.
+    "multiagent": {
+        "envs": ["pz-simple_spread", "pz-pistonball"], "n_envs": [4, 16], "seconds": 2.0, "footprint_at": None,
+        "points": ["pz-simple_spread:4", "pz-simple_spread:16", "pz-pistonball:4"],
+        "backends": B.backend_names(multiagent=True), "footprint": False, "latency": False,
     },
     # Steps/s against workers, 1 to the cores, at 64 to 1,024 envs (shmvec._bench.scaling): its own run.
     "scaling": {"envs": scaling.ENVS, "n_envs": scaling.N_ENVS, "seconds": 2.0, "footprint_at": None},
@@ -165,18 +176,25 @@ def run(config: Config, progress: Progress | None = None) -> dict[str, Any]:
         "bare": {}, "limit": {}, "ceiling": [], "points": [], "shmvec_vs": {}, "footprint": [], "latency": [],
         "skipped": skipped,
     }
+    results["reference"] = {env: B.reference(env) for env in envs}
+    results["ours"] = {env: B.ours(env) for env in envs}
     for env in envs:
+        missing = env_missing(env)
+        if missing:
+            skipped.append({"env": env, "reason": f"env not built: {missing}"})
+            progress.done += 1 + config.rounds * sum(e == env for e, _ in points)
+            continue
         progress.show(f"{env}: one env in a bare loop")
         results["bare"][env] = bare_loop_sps(env, config.seconds)
         results["limit"][env] = results["limit_cores"] * results["bare"][env]
         progress.advance()
         runnable = []
         for name in names:
-            if B.get(name).supports(env):
+            reason = B.get(name).unsupported(env)
+            if reason is None:
                 runnable.append(name)
             else:
-                skipped.append({"backend": name, "env": env,
-                                "reason": f"runs only its own envs ({', '.join(B.get(name).envs or ())})"})
+                skipped.append({"backend": name, "env": env, "reason": reason})
         for n_envs in (n for e, n in points if e == env):
             _measure_point(env, n_envs, runnable, config, results, progress)
     for env, n_envs in foot:
@@ -220,7 +238,7 @@ def _measure_point(env: str, n_envs: int, runnable: list[str], config: Config, r
         for o in opened.values():
             o.close()
     progress.done += config.rounds - done
-    ref = per_round.get(REFERENCE)
+    ref = per_round.get(B.reference(env))
     ceiling = per_round.pop(CEILING, None)
     if ceiling:
         results["ceiling"].append({"env": env, "n_envs": n_envs, "processes": k,
@@ -233,9 +251,10 @@ def _measure_point(env: str, n_envs: int, runnable: list[str], config: Config, r
             "share_of_limit": sps / results["limit"][env],
             "share_of_ceiling": median_ratio(figures, ceiling) if ceiling else None,
         })
-    if OURS in per_round:
+    ours = B.ours(env)
+    if ours in per_round:
         results["shmvec_vs"].setdefault(env, {})[str(n_envs)] = {
-            name: median_ratio(per_round[OURS], figures) for name, figures in per_round.items() if name != OURS
+            name: median_ratio(per_round[ours], figures) for name, figures in per_round.items() if name != ours
         }
 
 
@@ -289,31 +308,43 @@ def _ratio(x: float | None) -> str:
     return "-" if x is None else (f"{x:.2f}" if x < 10 else f"{x:.1f}")
 
 
+def _reference(results: dict[str, Any], env: str) -> str:
+    return results.get("reference", {}).get(env, REFERENCE)  # results saved before the multi-agent envs: none
+
+
+def _ours(results: dict[str, Any], env: str) -> str:
+    return results.get("ours", {}).get(env, OURS)
+
+
 def format_table(results: dict[str, Any]) -> str:
     lines: list[str] = []
     limit_cores = results["limit_cores"]
     for env, bare in results["bare"].items():
         limit = results["limit"][env]
-        lines.append(f"\n{env}: one env in a bare loop {bare:,.0f} steps/s; limit ({limit_cores} cores) "
-                     f"{limit:,.0f} steps/s")
-        lines.append(f"{'backend':<16}{'n_envs':>7}{'workers':>8}{'steps/s':>13}{'x Dummy':>9}{'of limit':>10}"
-                     f"{'of ceiling':>12}")
+        ref = _reference(results, env)
+        unit = "steps/s" if ref == REFERENCE else "agent-steps/s"
+        lines.append(f"\n{env}: one env in a bare loop {bare:,.0f} {unit}; limit ({limit_cores} cores) "
+                     f"{limit:,.0f} {unit}")
+        if ref != REFERENCE:
+            lines.append(f"(steps/s count agent steps, one per row; x ref: ratio to {ref})")
+        lines.append(f"{'backend':<20}{'n_envs':>7}{'workers':>8}{'steps/s':>13}"
+                     f"{'x Dummy' if ref == REFERENCE else 'x ref':>9}{'of limit':>10}{'of ceiling':>12}")
         points = [p for p in results["points"] if p["env"] == env]
         ceilings = {c["n_envs"]: c for c in results.get("ceiling", []) if c["env"] == env}
         for n_envs in sorted({p["n_envs"] for p in points}):
             c = ceilings.get(n_envs)
             if c is not None:
-                lines.append(f"{'(' + str(c['processes']) + ' bare loops)':<16}{n_envs:>7}{c['processes']:>8}"
+                lines.append(f"{'(' + str(c['processes']) + ' bare loops)':<20}{n_envs:>7}{c['processes']:>8}"
                              f"{c['steps_per_s']:>13,.0f}{'':>9}{100 * c['steps_per_s'] / limit:>9.0f}%{'100%':>12}")
             for p in (p for p in points if p["n_envs"] == n_envs):
                 workers = "-" if p["workers"] is None else str(p["workers"])
                 share = p.get("share_of_ceiling")
-                lines.append(f"{p['backend']:<16}{n_envs:>7}{workers:>8}{p['steps_per_s']:>13,.0f}"
+                lines.append(f"{p['backend']:<20}{n_envs:>7}{workers:>8}{p['steps_per_s']:>13,.0f}"
                              f"{_ratio(p['ratio_to_dummy']):>9}{100 * p['share_of_limit']:>9.0f}%"
                              f"{'-' if share is None else f'{100 * share:.0f}%':>12}")
         for n_envs, ratios in results["shmvec_vs"].get(env, {}).items():
             said = ", ".join(f"{_ratio(r)}x {name}" for name, r in ratios.items())
-            lines.append(f"  at {n_envs} envs {OURS} runs {said}")
+            lines.append(f"  at {n_envs} envs {_ours(results, env)} runs {said}")
     if results["footprint"]:
         kind = results["footprint"][0]["memory_kind"].upper()
         lines.append(f"\nStart-up (construct + first reset) and memory ({kind} of all processes), fresh interpreter each")
@@ -357,8 +388,10 @@ def format_markdown(results: dict[str, Any]) -> str:
     backends = list(dict.fromkeys(p["backend"] for p in results["points"]))
     ceilings = {(c["env"], c["n_envs"]): c["steps_per_s"] for c in results.get("ceiling", [])}
     # A run without the ceiling (an older results file, or none measured) has no such column.
-    out.append("Env steps/s (x DummyVecEnv, median of per-round ratios); limit = "
-               f"{results['limit_cores']} cores x one env in a bare loop"
+    refs = list(dict.fromkeys(_reference(results, env) for env in results["bare"]))
+    out.append(f"Env steps/s (x {' or '.join(refs)}, median of per-round ratios"
+               + ("; agent steps/s, one per row, for the multi-agent envs" if refs != [REFERENCE] else "")
+               + f"); limit = {results['limit_cores']} cores x one env in a bare loop"
                + (f"; ceiling = {results['limit_cores']} bare loops at once, in the same rounds." if ceilings else "."))
     out.append("")
     out.append("| env | n_envs | " + " | ".join(backends) + " | limit |" + (" ceiling |" if ceilings else ""))
@@ -372,19 +405,18 @@ def format_markdown(results: dict[str, Any]) -> str:
                     cells.append("-")
                 else:
                     cell = f"{_k(p['steps_per_s'])} ({_ratio(p['ratio_to_dummy'])})"
-                    cells.append(f"**{cell}**" if b == OURS else cell)
+                    cells.append(f"**{cell}**" if b == _ours(results, env) else cell)
             ceiling = ceilings.get((env, n))
             out.append(f"| {env} | {n} | " + " | ".join(cells) + f" | {_k(results['limit'][env])} |"
                        + ((" - |" if ceiling is None else f" {_k(ceiling)} |") if ceilings else ""))
-    out.append("")
-    out.append(f"{OURS} against each peer (median of per-round ratios; above 1: {OURS} is faster):")
-    out.append("")
-    peers = [b for b in backends if b != OURS]
-    out.append("| env | n_envs | " + " | ".join(peers) + " |")
-    out.append("|---|---:|" + "---:|" * len(peers))
-    for env, by_n in results["shmvec_vs"].items():
-        for n, ratios in by_n.items():
-            out.append(f"| {env} | {n} | " + " | ".join(_ratio(ratios.get(b)) for b in peers) + " |")
+    for ours in dict.fromkeys(_ours(results, env) for env in results["shmvec_vs"]):
+        by_env = {env: by_n for env, by_n in results["shmvec_vs"].items() if _ours(results, env) == ours}
+        peers = list(dict.fromkeys(b for by_n in by_env.values() for ratios in by_n.values() for b in ratios))
+        out += ["", f"{ours} against each peer (median of per-round ratios; above 1: {ours} is faster):", "",
+                "| env | n_envs | " + " | ".join(peers) + " |", "|---|---:|" + "---:|" * len(peers)]
+        for env, by_n in by_env.items():
+            for n, ratios in by_n.items():
+                out.append(f"| {env} | {n} | " + " | ".join(_ratio(ratios.get(b)) for b in peers) + " |")
     if results["footprint"]:
         kind = results["footprint"][0]["memory_kind"].upper()
         out += ["", f"Start-up (construct + first reset) and memory ({kind} of all processes; added = after - before "
@@ -411,12 +443,13 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m shmvec.bench", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
         epilog=f"envs: {', '.join(env_names())} (busy-<N>us and image-<H>x<W>x<C> take any size). "
-               f"Backends: {', '.join(B.backend_names())}.",
+               f"Backends: {', '.join(B.REGISTRY)}.",
     )
     p.add_argument("--preset", choices=list(PRESETS), default="quick",
                    help="a named set of defaults (quick: about a minute on 2 cores; full: every env, "
                         "n_envs 1..64, the README's figures; targets: CartPole at 64 envs, 84x84x4 images at 64, a 200 us env at 16, 5 s each; "
-                        "scaling: steps/s against workers from 1 to the cores, at 64 to 1,024 envs); "
+                        "scaling: steps/s against workers from 1 to the cores, at 64 to 1,024 envs; "
+                        "multiagent: PettingZoo envs, ShmMultiAgentVecEnv against SuperSuit, agent steps/s); "
                         "options below override it")
     p.add_argument("--envs", nargs="+", metavar="ENV", help="envs to run (default: CartPole-v1)")
     p.add_argument("--n-envs", nargs="+", type=int, metavar="N", help="numbers of envs (default: 8 64)")
@@ -455,12 +488,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> Config:
     preset = PRESETS[args.preset]
-    backends = args.backends or B.backend_names()
-    for name in backends:
-        B.get(name)
     envs = args.envs or preset["envs"]
     for env in envs:
         check_env_name(env)
+    # By default the backends that run the envs asked for: single-agent, multi-agent or both.
+    backends = args.backends or preset.get("backends") or [
+        *B.backend_names(), *(B.backend_names(multiagent=True) if any(map(is_multiagent, envs)) else [])]
+    for name in backends:
+        B.get(name)
     # --envs or --n-envs on the command line replace the preset's pairs.
     points = args.points or (None if (args.envs or args.n_envs) else preset.get("points"))
     if points:
@@ -471,8 +506,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
         envs=envs, n_envs=args.n_envs or preset["n_envs"], backends=backends, points=points,
         workers=args.workers or cores(), seconds=args.seconds if args.seconds is not None else preset["seconds"],
         rounds=args.rounds, start_method=args.start_method, puffer_python=args.puffer_python,
-        footprint_at=args.footprint_at or preset["footprint_at"], footprint=not args.no_footprint,
-        latency=not args.no_latency,
+        footprint_at=args.footprint_at or preset["footprint_at"],
+        footprint=not args.no_footprint and (preset.get("footprint", True) or bool(args.footprint_at)),
+        latency=not args.no_latency and preset.get("latency", True),
     )
 
 

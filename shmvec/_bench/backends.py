@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shmvec._bench.envs import SB3_ENVS, EnvFactory
+from shmvec._bench.envs import SB3_ENVS, EnvFactory, ParallelEnvFactory, is_multiagent
 
 
 @dataclass
@@ -39,14 +39,15 @@ class Handle:
     sample_actions: Callable[[int], list]
     workers: int | None  # processes or threads stepping envs (None: one per env, or the caller's)
     step_fn: Callable[[Any], Any] | None = None  # instead of venv.step (an async pool's send + recv)
-    envs_per_step: int | None = None  # env steps one step() makes (None: all n_envs)
+    envs_per_step: int | None = None  # env steps one step() makes (None: all n_envs; multi-agent: all rows)
+    close_fn: Callable[[], None] | None = None  # instead of venv.close
 
     @property
     def step(self) -> Callable[[Any], Any]:
         return self.step_fn or self.venv.step
 
     def close(self) -> None:
-        self.venv.close()
+        (self.close_fn or self.venv.close)()
 
 
 def _single_space_sampler(env: str, n_envs: int) -> Callable[[int], list]:
@@ -160,6 +161,59 @@ class _PufferCreator:
         return pufferlib.emulation.GymnasiumPufferEnv(env_creator=EnvFactory(self.env), buf=kwargs.get("buf"))
 
 
+def _agent_rows_sampler(env: str, rows: int) -> Callable[[int], list]:
+    """Draws ``count`` batches of random actions, one per agent row, from the first agent's space (seeded)."""
+
+    def sample(count: int) -> list:
+        import numpy as np
+
+        probe = ParallelEnvFactory(env)()
+        space = probe.action_space(probe.possible_agents[0])
+        probe.close()
+        space.seed(0)
+        return [np.array([space.sample() for _ in range(rows)]) for _ in range(count)]
+
+    return sample
+
+
+def _shm_multiagent(spec: BuildSpec) -> Handle:
+    from shmvec.multi_agent_vec_env import ShmMultiAgentVecEnv
+
+    venv = ShmMultiAgentVecEnv([ParallelEnvFactory(spec.env)] * spec.n_envs,
+                               n_workers=min(spec.workers, spec.n_envs), start_method=spec.start_method)
+    venv.seed(0)
+    return Handle(venv, venv.reset, _agent_rows_sampler(spec.env, venv.num_envs), venv.n_workers,
+                  envs_per_step=venv.num_envs)
+
+
+def _supersuit(multiprocess: bool) -> Callable[[BuildSpec], Handle]:
+    """SuperSuit's path for SB3: ``concat_vec_envs_v1(pettingzoo_env_to_vec_env_v1(env), n_envs,
+    num_cpus, base_class="stable_baselines3")``, with ``num_cpus`` = the workers (processes of its
+    own, started by multiprocessing's default method, each stepping a slice of the envs) or 0 (every
+    env stepped in this process).  It clones one live env per env with cloudpickle."""
+
+    def build(spec: BuildSpec) -> Handle:
+        import supersuit as ss
+
+        num_cpus = min(spec.workers, spec.n_envs) if multiprocess else 0
+        venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(ParallelEnvFactory(spec.env)()), spec.n_envs,
+                                     num_cpus=num_cpus, base_class="stable_baselines3")
+
+        def reset() -> Any:
+            obs, venv.reset_infos = venv.venv.reset(seed=0)  # its SB3 wrapper has no seed()
+            return obs
+
+        def close() -> None:
+            venv.close()
+            for proc in getattr(venv.venv, "procs", ()):  # it kills a process that outlives its timeout, unjoined
+                proc.join(5)
+
+        return Handle(venv, reset, _agent_rows_sampler(spec.env, venv.num_envs), num_cpus or 1,
+                      envs_per_step=venv.num_envs, close_fn=close)
+
+    return build
+
+
 @dataclass(frozen=True)
 class Backend:
     """One vec env implementation the benchmark can run."""
@@ -171,6 +225,7 @@ class Backend:
     envs: tuple[str, ...] | None = None  # the only envs it can run (None: any Python env)
     remote: bool = False  # runs in another interpreter (``--puffer-python``), in a helper process
     note: str = ""
+    multiagent: bool = False  # runs the multi-agent (PettingZoo) envs, and only those
 
     def missing(self) -> str | None:
         """Why this backend cannot run here (a module is not importable), or None."""
@@ -183,10 +238,18 @@ class Backend:
                 return f"{module} is not installed"
         return None
 
+    def unsupported(self, env: str) -> str | None:
+        """Why this backend cannot run ``env``, or None."""
+        if is_multiagent(env) != self.multiagent:
+            return "runs multi-agent (PettingZoo) envs only" if self.multiagent else "runs single-agent envs only"
+        if self.remote and env in SB3_ENVS:
+            return "its interpreter has no stable-baselines3"
+        if self.envs is not None and env not in self.envs:
+            return f"runs only its own envs ({', '.join(self.envs)})"
+        return None
+
     def supports(self, env: str) -> bool:
-        if self.remote and env in SB3_ENVS:  # its interpreter has no stable-baselines3
-            return False
-        return self.envs is None or env in self.envs
+        return self.unsupported(env) is None
 
 
 def _optional_module(name: str) -> bool:
@@ -222,6 +285,14 @@ REGISTRY: dict[str, Backend] = {
         Backend("PufferLib", "PufferLib", ("pufferlib",), _puffer, remote=True,
                 note="pufferlib.vector.Multiprocessing in the interpreter given by --puffer-python; "
                      "one worker less than the cores (its main process busy-waits)"),
+        # Multi-agent: steps/s count agent steps (rows); the reference is SuperSuit-loop.
+        Backend("ShmMultiAgentVecEnv", "shmvec", ("shmvec._sync", "pettingzoo"), _shm_multiagent, multiagent=True,
+                note="PettingZoo ParallelEnvs in shmvec's workers, one SB3 row per agent"),
+        Backend("SuperSuit-mp", "SuperSuit", ("supersuit", "stable_baselines3"), _supersuit(True), multiagent=True,
+                note="concat_vec_envs_v1(pettingzoo_env_to_vec_env_v1(env), n, num_cpus=workers, "
+                     "base_class='stable_baselines3')"),
+        Backend("SuperSuit-loop", "SuperSuit", ("supersuit", "stable_baselines3"), _supersuit(False),
+                multiagent=True, note="the same with num_cpus=0: every env stepped in this process"),
     ]
 }
 
@@ -272,8 +343,19 @@ if _optional_module("shmvec.env_pool"):  # pragma: no cover - depends on the shm
                                      note="shmvec's async pool, batch_size = n_envs / 2 (steps/s counts envs returned)")
 
 
-def backend_names() -> list[str]:
-    return list(REGISTRY)
+def backend_names(multiagent: bool = False) -> list[str]:
+    """The single-agent backends (the default of a run), or the multi-agent ones."""
+    return [name for name, b in REGISTRY.items() if b.multiagent == multiagent]
+
+
+def reference(env: str) -> str:
+    """The backend every other is compared with at ``env``: stepping every env in this process."""
+    return "SuperSuit-loop" if is_multiagent(env) else "DummyVecEnv"
+
+
+def ours(env: str) -> str:
+    """shmvec's backend at ``env``, whose ratios to the others the table states."""
+    return "ShmMultiAgentVecEnv" if is_multiagent(env) else "ShmVecEnv"
 
 
 def get(name: str) -> Backend:

@@ -15,8 +15,16 @@ Names (``env_names()`` lists them; ``busy-<N>us`` and ``image-<H>x<W>x<C>`` take
   discrete flag).
 - ``zero-cost``: does nothing; used for the round-trip latency of one step.
 
-This module imports only numpy and gymnasium (0.29 or 1.x), so a benchmark helper process in
-another interpreter (PufferLib's venv) can import it.
+Multi-agent envs (PettingZoo ``ParallelEnv``s, for the multi-agent backends only; their steps/s
+count agent steps, one per agent row):
+
+- ``pz-simple_spread``: MPE's ``simple_spread_v3`` from mpe2, 3 agents, 18 floats each, a cheap step;
+- ``pz-pistonball``: butterfly's ``pistonball_v6`` (``pettingzoo[butterfly]``), 20 agents, each a
+  457x120x3 uint8 image, a physics step (pymunk) and a render per step: a heavy env.
+
+This module imports only numpy and gymnasium (0.29 or 1.x) at import time (PettingZoo and the
+env packages inside the factories), so a benchmark helper process in another interpreter
+(PufferLib's venv) can import it.
 """
 
 from __future__ import annotations
@@ -39,15 +47,38 @@ SB3_ENVS = ("CartPole-monitor",)
 EPISODE_STEPS = 500
 
 
+#: Multi-agent envs: name -> (modules they need, what they are).
+MULTIAGENT: dict[str, tuple[tuple[str, ...], str]] = {
+    "pz-simple_spread": (("pettingzoo", "mpe2"), "MPE simple_spread_v3 (mpe2), 3 agents"),
+    "pz-pistonball": (("pettingzoo", "pymunk", "pygame"),
+                      "butterfly pistonball_v6 (pettingzoo[butterfly]), 20 agents, 457x120x3 images"),
+}
+
+
 def env_names() -> list[str]:
     """Example names of every kind of env (busy and image envs take any size)."""
     return ["CartPole-v1", "CartPole-monitor", "busy-200us", "image-84x84x4", "image-210x160x3", "CartPole-info",
-            "dict-obs", "zero-cost"]
+            "dict-obs", "zero-cost", *MULTIAGENT]
+
+
+def is_multiagent(name: str) -> bool:
+    """Whether ``name`` is a multi-agent (PettingZoo) env of the benchmark."""
+    return name in MULTIAGENT
+
+
+def env_missing(name: str) -> str | None:
+    """Why env ``name`` cannot be built here (a package it needs is not installed), or None."""
+    import importlib.util
+
+    for module in MULTIAGENT.get(name, ((), ""))[0]:
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed"
+    return None
 
 
 def check_env_name(name: str) -> str:
     """Returns ``name`` if it names a benchmark env; raises ``ValueError`` saying which exist otherwise."""
-    if name in _FIXED or _BUSY.match(name) or _IMAGE.match(name):
+    if name in _FIXED or name in MULTIAGENT or _BUSY.match(name) or _IMAGE.match(name):
         return name
     raise ValueError(
         f"unknown benchmark env {name!r}: choose from {', '.join(env_names())} "
@@ -155,8 +186,54 @@ class ZeroCost(gym.Env):
         return np.zeros(4, np.float32), 0.0, False, False, {}
 
 
+class ParallelEnvFactory:
+    """A picklable callable that builds one multi-agent benchmark env (a PettingZoo ``ParallelEnv``) by name."""
+
+    def __init__(self, name: str) -> None:
+        if name not in MULTIAGENT:
+            raise ValueError(f"{name!r} is not a multi-agent benchmark env: choose from {', '.join(MULTIAGENT)}")
+        self.name = name
+
+    def __call__(self) -> Any:
+        if self.name == "pz-simple_spread":
+            from mpe2 import simple_spread_v3
+
+            return simple_spread_v3.parallel_env(N=3)
+        from pettingzoo.butterfly import pistonball_v6
+
+        return pistonball_v6.parallel_env()
+
+    def __repr__(self) -> str:
+        return f"ParallelEnvFactory({self.name!r})"
+
+
+class AgentSteps(gym.Env):
+    """One ``ParallelEnv`` behind the single-agent API, for the bare loops of the multi-agent envs:
+    the action is a ``Tuple`` of every agent's (only the live agents' are sent), the episode ends
+    when no agent is left; ``agents_per_step`` converts the loops' env steps into agent steps."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.agents = list(env.possible_agents)
+        self.agents_per_step = len(self.agents)
+        self.action_space = spaces.Tuple([env.action_space(a) for a in self.agents])
+        self.observation_space = spaces.Tuple([env.observation_space(a) for a in self.agents])
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple:
+        live = set(self.env.agents)
+        obs, rew, _, _, infos = self.env.step({a: x for a, x in zip(self.agents, action) if a in live})
+        return obs, float(sum(rew.values())), not self.env.agents, False, {}
+
+    def close(self) -> None:
+        self.env.close()
+
+
 class EnvFactory:
-    """A picklable callable that builds one benchmark env by name (what every backend is given)."""
+    """A picklable callable that builds one benchmark env by name (what every backend is given);
+    a multi-agent env comes as :class:`AgentSteps` (for the bare loops)."""
 
     def __init__(self, name: str) -> None:
         self.name = check_env_name(name)
@@ -175,6 +252,8 @@ class EnvFactory:
             return DictObs(gym.make("CartPole-v1"))
         if name == "zero-cost":
             return ZeroCost()
+        if name in MULTIAGENT:
+            return AgentSteps(ParallelEnvFactory(name)())
         busy = _BUSY.match(name)
         if busy:
             return gym.wrappers.TimeLimit(BusyEnv(int(busy.group(1))), EPISODE_STEPS)

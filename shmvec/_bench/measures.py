@@ -44,7 +44,10 @@ def bare_loop_sps(env: str, seconds: float) -> float:
 
 def env_loop_sps(e: Any, seconds: float, n_actions: int = 512) -> float:
     """Steps/s of the env ``e`` stepped for about ``seconds`` in a plain Python loop, with
-    ``n_actions`` random actions drawn beforehand; closes ``e``."""
+    ``n_actions`` random actions drawn beforehand; closes ``e``.  Agent steps/s for a multi-agent
+    env (:class:`shmvec._bench.envs.AgentSteps`: ``agents_per_step`` per step)."""
+    per_step = getattr(e, "agents_per_step", 1)
+    n_actions = max(8, n_actions // per_step)  # the clock is read after each pass: short for a slow env
     try:
         e.reset(seed=0)
         e.action_space.seed(0)
@@ -58,7 +61,7 @@ def env_loop_sps(e: Any, seconds: float, n_actions: int = 512) -> float:
             n += len(actions)
             dt = time.perf_counter() - t0
             if dt >= seconds:
-                return n / dt
+                return n * per_step / dt
     finally:
         e.close()
 
@@ -66,6 +69,8 @@ def env_loop_sps(e: Any, seconds: float, n_actions: int = 512) -> float:
 def _ceiling_loop(conn: Any, env: str, n_actions: int = 512) -> None:
     """One process of :class:`Ceiling`: steps its env for the seconds it is sent, answers steps/s."""
     e = EnvFactory(env)()
+    per_step = getattr(e, "agents_per_step", 1)  # agent steps of a multi-agent env
+    check = max(1, 64 // per_step)  # steps between two readings of the clock
     try:
         e.reset(seed=0)
         e.action_space.seed(0)
@@ -77,15 +82,15 @@ def _ceiling_loop(conn: Any, env: str, n_actions: int = 512) -> None:
                 return
             n, t0 = 0, time.perf_counter()
             while True:
-                for a in actions[:64]:
+                for a in actions[:check]:
                     _, _, term, trunc, _ = e.step(a)
                     if term or trunc:
                         e.reset()
-                n += 64
+                n += check
                 t = time.perf_counter()
                 if t - t0 >= seconds:
                     break
-            conn.send(n / (t - t0))
+            conn.send(n * per_step / (t - t0))
     except (EOFError, OSError):
         pass  # the benchmark went away
     finally:

@@ -47,3 +47,13 @@ def test_custom_registered_env_spawn():
     out = run_example("custom_registered_env_spawn.py", "--n-envs", "4", "--steps", "256")
     assert "4 x GridWalk-v0 (size 8) in 2 spawned workers" in out
     assert "PPO, 256 steps" in out
+
+
+@pytest.mark.skipif(not all(importlib.util.find_spec(name) for name in ("pettingzoo", "mpe2")),
+                    reason="needs pettingzoo and mpe2")
+def test_multi_agent_ppo():
+    out = run_example("multi_agent_ppo.py", "--n-envs", "4", "--n-workers", "2", "--steps", "6144",
+                      "--n-steps", "64", "--eval-episodes", "1")
+    assert "4 x simple_spread_v3 (agents agent_0, agent_1, agent_2): 12 rows" in out
+    assert "before training: mean episode reward per agent" in out
+    assert "after 6144 agent steps" in out and "improvement:" in out

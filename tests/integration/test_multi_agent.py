@@ -40,6 +40,14 @@ def _spread(max_cycles: int = 9):
     return simple_spread_v3.parallel_env(N=3, max_cycles=max_cycles)
 
 
+def _kaz():
+    """Butterfly's knights_archers_zombies with zombies spawned every step: its four agents are killed at
+    different steps (about the 100th to the 140th), long before max_cycles."""
+    from pettingzoo.butterfly import knights_archers_zombies_v11
+
+    return knights_archers_zombies_v11.parallel_env(spawn_delay=1, max_zombies=30, max_cycles=600)
+
+
 def _spread_aec(max_cycles: int = 9):
     from mpe2 import simple_spread_v3
 
@@ -53,10 +61,11 @@ class LoopReference:
         self.envs = [fn() for fn in env_fns]
         self.agents = list(self.envs[0].possible_agents)
         self.n = n_agents
+        self.space = self.envs[0].observation_space(self.agents[0])
 
     def _rows(self, obs, rews=None, terms=None, truncs=None, infos=None):
         n = self.n
-        o = np.zeros((n, 3), np.float32)
+        o = np.zeros((n, *self.space.shape), self.space.dtype)
         r, t, tr = np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool)
         info = [{} for _ in range(n)]
         for k, a in enumerate(self.agents):
@@ -191,6 +200,38 @@ def test_dying_agents_match_a_plain_loop(start_method, late_agent):
             # every row of an env reports done together
             assert (dones.reshape(n_envs, n_agents).all(axis=1) == dones.reshape(n_envs, n_agents).any(axis=1)).all()
         assert masked > 0 and ended_early > 0 and dones.dtype == bool
+    finally:
+        close_all(venv)
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_butterfly_agents_that_die_early_match_a_plain_loop(start_method):
+    """PettingZoo's own env with agents killed before the others (butterfly's knights_archers_zombies,
+    needs ``pettingzoo[butterfly]``): step for step equal to the plain loop, across two episodes of each env."""
+    pytest.importorskip("pymunk", reason="butterfly envs need pettingzoo[butterfly] (pymunk, pygame)")
+    pytest.importorskip("pygame", reason="butterfly envs need pettingzoo[butterfly] (pymunk, pygame)")
+    n_envs, n_agents = 2, 4
+    fns = [_kaz] * n_envs
+    venv = ShmMultiAgentVecEnv(fns, n_workers=2, start_method=start_method)
+    ref = LoopReference(fns, n_agents)
+    try:
+        assert venv.possible_agents == ["archer_0", "archer_1", "knight_0", "knight_1"]
+        venv.seed(SEED)
+        np.testing.assert_array_equal(venv.reset(), ref.reset(SEED))
+        rng = np.random.default_rng(2)
+        masked = died_early = ends = 0
+        for t in range(300):
+            actions = rng.integers(0, 6, size=venv.num_envs)
+            obs, rew, dones, infos = venv.step(actions)
+            r_obs, r_rew, r_dones, r_infos = ref.step(actions)
+            np.testing.assert_array_equal(obs, r_obs, err_msg=f"step {t}")
+            np.testing.assert_array_equal(rew, r_rew, err_msg=f"step {t}")
+            np.testing.assert_array_equal(dones, r_dones, err_msg=f"step {t}")
+            _assert_infos(infos, r_infos, t)
+            masked += sum(info.get("active") is False for info in infos)
+            died_early += sum("agent_terminated" in info for info in infos)
+            ends += int(dones.sum()) // n_agents
+        assert died_early > 0 and masked > 0 and ends >= 2 * n_envs, (died_early, masked, ends)
     finally:
         close_all(venv)
 

@@ -118,13 +118,13 @@ def test_sb3_envs_are_not_offered_to_a_remote_interpreter():
 
 
 @pytest.mark.parametrize("env", ["CartPole-v1", "CartPole-monitor", "image-84x84x4", "dict-obs", "CartPole-info"])
-@pytest.mark.parametrize("backend", [n for n, b in B.REGISTRY.items() if not b.remote])
+@pytest.mark.parametrize("backend", [n for n, b in B.REGISTRY.items() if not b.remote and not b.multiagent])
 def test_every_backend_steps_every_env(backend, env):
     b = B.get(backend)
     if b.missing():
         pytest.skip(f"{backend}: {b.missing()}")
     if not b.supports(env):
-        pytest.skip(f"{backend} runs only {b.envs}")
+        pytest.skip(f"{backend}: {b.unsupported(env)}")
     handle = B.build(backend, B.BuildSpec(env, 2, 2, "fork"))
     try:
         handle.reset()
@@ -554,3 +554,57 @@ def test_scaling_preset_tiny_run(tmp_path, capsys):
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+HAVE_MPE = all(importlib.util.find_spec(m) for m in ("pettingzoo", "mpe2"))
+
+
+def test_multiagent_preset_config():
+    c = bench.config_from_args(bench._parser().parse_args(["--preset", "multiagent"]))
+    assert c.backends == ["ShmMultiAgentVecEnv", "SuperSuit-mp", "SuperSuit-loop"]
+    assert c.points and all(p.startswith("pz-") for p in c.points)
+    assert not c.footprint and not c.latency
+    assert "ShmMultiAgentVecEnv" not in bench.config_from_args(bench._parser().parse_args([])).backends
+    # Multi-agent envs asked for by name bring their backends; each side refuses the other's envs.
+    c = bench.config_from_args(bench._parser().parse_args(["--envs", "pz-simple_spread"]))
+    assert "SuperSuit-loop" in c.backends
+    assert B.get("ShmVecEnv").unsupported("pz-simple_spread") == "runs single-agent envs only"
+    assert "multi-agent" in B.get("SuperSuit-mp").unsupported("CartPole-v1")
+    assert B.reference("pz-pistonball") == "SuperSuit-loop" and B.ours("pz-pistonball") == "ShmMultiAgentVecEnv"
+
+
+@pytest.mark.skipif(not HAVE_MPE, reason="needs pettingzoo and mpe2")
+@pytest.mark.timeout(120)
+def test_multiagent_tiny_run(tmp_path, capsys):
+    """ShmMultiAgentVecEnv beside SuperSuit (skipped with a note where it is not installed): agent steps/s,
+    ratios to SuperSuit's in-process loop, and a single-agent backend refusing the env with a note."""
+    out = tmp_path / "r.json"
+    rc, cap = _run_cli(["--points", "pz-simple_spread:2", "--backends", "ShmMultiAgentVecEnv", "SuperSuit-mp",
+                        "SuperSuit-loop", "DummyVecEnv", "--workers", "2", "--no-footprint", "--no-latency",
+                        "--json", str(out), *TINY], capsys)
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["reference"] == {"pz-simple_spread": "SuperSuit-loop"}
+    have_ss = importlib.util.find_spec("supersuit") is not None
+    expected = {"ShmMultiAgentVecEnv", "SuperSuit-mp", "SuperSuit-loop"} if have_ss else {"ShmMultiAgentVecEnv"}
+    assert {p["backend"] for p in r["points"]} == expected
+    assert any(s.get("backend") == "DummyVecEnv" and "single-agent" in s["reason"] for s in r["skipped"])
+    for p in r["points"]:
+        assert p["steps_per_s"] > 0 and len(p["rounds"]) == 2
+    if have_ss:
+        assert next(p for p in r["points"] if p["backend"] == "SuperSuit-loop")["ratio_to_dummy"] == 1.0
+        assert set(r["shmvec_vs"]["pz-simple_spread"]["2"]) == {"SuperSuit-mp", "SuperSuit-loop"}
+        assert "ShmMultiAgentVecEnv runs" in cap.out and "agent-steps/s" in cap.out
+    assert bench.main(["--from-json", str(out), "--markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "| pz-simple_spread | 2 |" in text and "ShmMultiAgentVecEnv against each peer" in text
+
+
+@pytest.mark.skipif(not HAVE_MPE, reason="needs pettingzoo and mpe2")
+def test_multiagent_bare_loop_counts_agent_steps():
+    from shmvec._bench.envs import AgentSteps
+    from shmvec._bench.measures import env_loop_sps
+
+    env = EnvFactory("pz-simple_spread")()
+    assert isinstance(env, AgentSteps) and env.agents_per_step == 3
+    assert env_loop_sps(env, 0.05) > 0
