@@ -173,7 +173,8 @@ def run(config: Config, progress: Progress | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {
         "version": RESULTS_VERSION, "machine": machine(), "config": asdict(config),
         "limit_cores": min(config.workers, cores()),
-        "bare": {}, "limit": {}, "ceiling": [], "points": [], "shmvec_vs": {}, "footprint": [], "latency": [],
+        "bare": {}, "limit": {}, "ceiling": [], "points": [], "shmvec_vs": {}, "pairs": [], "footprint": [],
+        "latency": [],
         "skipped": skipped,
     }
     results["reference"] = {env: B.reference(env) for env in envs}
@@ -251,6 +252,11 @@ def _measure_point(env: str, n_envs: int, runnable: list[str], config: Config, r
             "share_of_limit": sps / results["limit"][env],
             "share_of_ceiling": median_ratio(figures, ceiling) if ceiling else None,
         })
+    for name, figures in per_round.items():
+        versus = B.get(name).versus
+        if versus in per_round:  # shmvec through a library's API against that library's own parallel env
+            results.setdefault("pairs", []).append({"env": env, "n_envs": n_envs, "backend": name, "versus": versus,
+                                                    "ratio": median_ratio(figures, per_round[versus])})
     ours = B.ours(env)
     if ours in per_round:
         results["shmvec_vs"].setdefault(env, {})[str(n_envs)] = {
@@ -345,6 +351,8 @@ def format_table(results: dict[str, Any]) -> str:
         for n_envs, ratios in results["shmvec_vs"].get(env, {}).items():
             said = ", ".join(f"{_ratio(r)}x {name}" for name, r in ratios.items())
             lines.append(f"  at {n_envs} envs {_ours(results, env)} runs {said}")
+        for q in (q for q in results.get("pairs", []) if q["env"] == env):
+            lines.append(f"  at {q['n_envs']} envs {q['backend']} runs {_ratio(q['ratio'])}x {q['versus']}")
     if results["footprint"]:
         kind = results["footprint"][0]["memory_kind"].upper()
         lines.append(f"\nStart-up (construct + first reset) and memory ({kind} of all processes), fresh interpreter each")
@@ -417,6 +425,12 @@ def format_markdown(results: dict[str, Any]) -> str:
         for env, by_n in by_env.items():
             for n, ratios in by_n.items():
                 out.append(f"| {env} | {n} | " + " | ".join(_ratio(ratios.get(b)) for b in peers) + " |")
+    if results.get("pairs"):
+        out += ["", "shmvec through each library's API against the library's own parallel env (median of per-round "
+                    "ratios; above 1: shmvec is faster):", "", "| env | n_envs | shmvec | against | ratio |",
+                "|---|---:|---|---|---:|"]
+        for q in results["pairs"]:
+            out.append(f"| {q['env']} | {q['n_envs']} | {q['backend']} | {q['versus']} | {_ratio(q['ratio'])} |")
     if results["footprint"]:
         kind = results["footprint"][0]["memory_kind"].upper()
         out += ["", f"Start-up (construct + first reset) and memory ({kind} of all processes; added = after - before "
@@ -443,7 +457,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m shmvec.bench", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
         epilog=f"envs: {', '.join(env_names())} (busy-<N>us and image-<H>x<W>x<C> take any size). "
-               f"Backends: {', '.join(B.REGISTRY)}.",
+               f"Backends: {', '.join(B.backend_names())}; only when named: "
+               f"{', '.join(n for n in B.backend_names(all_=True) if not B.get(n).by_default)}.",
     )
     p.add_argument("--preset", choices=list(PRESETS), default="quick",
                    help="a named set of defaults (quick: about a minute on 2 cores; full: every env, "
@@ -453,7 +468,8 @@ def _parser() -> argparse.ArgumentParser:
                         "options below override it")
     p.add_argument("--envs", nargs="+", metavar="ENV", help="envs to run (default: CartPole-v1)")
     p.add_argument("--n-envs", nargs="+", type=int, metavar="N", help="numbers of envs (default: 8 64)")
-    p.add_argument("--backends", nargs="+", metavar="NAME", help="backends (default: all installed)")
+    p.add_argument("--backends", nargs="+", metavar="NAME",
+                   help="backends (default: all installed but the other RL libraries' pairs, which run when named)")
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes (threads for EnvPool) of the backends that take a number "
                         "(default: the cores this process may use)")
@@ -517,6 +533,8 @@ def _list(puffer_python: str | None) -> str:
     for b in B.REGISTRY.values():
         reason = check_puffer_python(puffer_python) if b.remote else b.missing()
         state = "available" if not reason else f"skipped: {reason}"
+        if not b.by_default:
+            state += " (runs when named in --backends" + (f"; measured against {b.versus})" if b.versus else ")")
         lines.append(f"  {b.name:<16}{b.library:<11}{b.note}\n  {'':<27}{state}")
     lines.append("envs: " + ", ".join(env_names()) + " (busy-<N>us and image-<H>x<W>x<C> take any size)")
     return "\n".join(lines)

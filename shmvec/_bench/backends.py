@@ -214,6 +214,140 @@ def _supersuit(multiprocess: bool) -> Callable[[BuildSpec], Handle]:
     return build
 
 
+# ---------------------------------------------------------------------------------------------
+# Other RL libraries' parallel envs, each beside shmvec through the same library's API
+# (``shmvec.integrations``): a pair measured like for like.  Run only when named in ``--backends``.
+# ---------------------------------------------------------------------------------------------
+
+
+class _TorchRLCreator:
+    """TorchRL's ``ParallelEnv`` wants a picklable function building one TorchRL env."""
+
+    def __init__(self, env: str) -> None:
+        self.env = env
+
+    def __call__(self) -> Any:
+        from torchrl.envs import GymWrapper
+
+        return GymWrapper(EnvFactory(self.env)())
+
+
+class _TensorDictLoop:
+    """What ``EnvBase.rollout`` does each step: set the action, ``step_and_maybe_reset`` (which
+    resets the envs that ended), keep the next root TensorDict."""
+
+    def __init__(self, env: Any) -> None:
+        self.env, self.td = env, None
+
+    def reset(self) -> None:
+        self.td = self.env.reset()
+
+    def step(self, action: Any) -> Any:
+        td = self.td
+        td.set("action", action)
+        _, self.td = self.env.step_and_maybe_reset(td)
+        return self.td
+
+
+def _tensordict_handle(env: Any, workers: int | None) -> Handle:
+    import torch
+
+    loop = _TensorDictLoop(env)
+
+    def sample(count: int) -> list:
+        torch.manual_seed(0)
+        spec = env.full_action_spec["action"]
+        return [spec.rand() for _ in range(count)]
+
+    return Handle(env, loop.reset, sample, workers, step_fn=loop.step)
+
+
+def _torchrl_parallel(spec: BuildSpec) -> Handle:
+    from torchrl.envs import ParallelEnv
+
+    env = ParallelEnv(spec.n_envs, _TorchRLCreator(spec.env), mp_start_method=spec.start_method)
+    env.set_seed(0)
+    return _ParallelEnvHandle(**vars(_tensordict_handle(env, None)))
+
+
+class _ParallelEnvHandle(Handle):
+    """TorchRL 0.14 keeps the last ParallelEnv built alive after ``close()`` (frames of the metadata
+    probe in its constructor stay referenced), and with it the shared-memory tensors of its buffers,
+    one file descriptor each: after closing, drop the env's references to them, and collect the
+    TensorDicts' reference cycles now rather than at the next collection."""
+
+    def close(self) -> None:
+        import gc
+
+        env = self.venv
+        env.close()
+        for key, value in list(vars(env).items()):
+            if type(value).__module__.startswith("tensordict"):
+                setattr(env, key, None)
+        self.reset = self.step_fn = self.sample_actions = None  # type: ignore[assignment]
+        gc.collect()
+
+
+def _torchrl_shm(spec: BuildSpec) -> Handle:
+    from torchrl.envs import GymWrapper
+
+    from shmvec.shm_vector_env import ShmVectorEnv
+
+    # make_torchrl_env(env_id, n) is this for a registered id; the bench's envs are factories.
+    vec = ShmVectorEnv([EnvFactory(spec.env)] * spec.n_envs, autoreset_mode="Disabled",
+                       n_workers=min(spec.workers, spec.n_envs), start_method=spec.start_method)
+    try:
+        env = GymWrapper(vec)
+    except BaseException:
+        vec.close()
+        raise
+    env.set_seed(0)
+    return _tensordict_handle(env, vec.n_workers)
+
+
+class _TianshouLoop:
+    """What Tianshou's collectors do each step: step every env, reset those that ended by index."""
+
+    def __init__(self, venv: Any) -> None:
+        self.venv = venv
+
+    def reset(self) -> Any:
+        self.venv.seed(0)
+        return self.venv.reset()
+
+    def step(self, actions: Any) -> Any:
+        import numpy as np
+
+        out = self.venv.step(actions)
+        ended = np.flatnonzero(np.logical_or(out[2], out[3]))
+        if ended.size:
+            self.venv.reset(env_id=ended)
+        return out
+
+
+def _tianshou_handle(venv: Any, spec: BuildSpec, workers: int | None) -> Handle:
+    loop = _TianshouLoop(venv)
+    return Handle(venv, loop.reset, _single_space_sampler(spec.env, spec.n_envs), workers, step_fn=loop.step)
+
+
+def _tianshou_subproc(spec: BuildSpec) -> Handle:
+    from tianshou.env import SubprocVectorEnv
+
+    context = spec.start_method if spec.start_method in ("fork", "spawn") else None
+    venv = SubprocVectorEnv([EnvFactory(spec.env)] * spec.n_envs, context=context)
+    return _tianshou_handle(venv, spec, None)
+
+
+def _tianshou_shm(spec: BuildSpec) -> Handle:
+    from shmvec.integrations.tianshou import ShmTianshouVectorEnv
+
+    workers = min(spec.workers, spec.n_envs)
+    venv = ShmTianshouVectorEnv([EnvFactory(spec.env)] * spec.n_envs, n_workers=workers,
+                                start_method=spec.start_method)
+    return _tianshou_handle(venv, spec, workers)
+
+
+
 @dataclass(frozen=True)
 class Backend:
     """One vec env implementation the benchmark can run."""
@@ -226,6 +360,9 @@ class Backend:
     remote: bool = False  # runs in another interpreter (``--puffer-python``), in a helper process
     note: str = ""
     multiagent: bool = False  # runs the multi-agent (PettingZoo) envs, and only those
+    versus: str = ""  # shmvec through a library's API: the library's own parallel env it is measured against
+    by_default: bool = True  # False: runs only when named in ``--backends``
+    tensordict: bool = False  # steps TensorDicts (TorchRL's API), not arrays
 
     def missing(self) -> str | None:
         """Why this backend cannot run here (a module is not importable), or None."""
@@ -343,9 +480,28 @@ if _optional_module("shmvec.env_pool"):  # pragma: no cover - depends on the shm
                                      note="shmvec's async pool, batch_size = n_envs / 2 (steps/s counts envs returned)")
 
 
-def backend_names(multiagent: bool = False) -> list[str]:
-    """The single-agent backends (the default of a run), or the multi-agent ones."""
-    return [name for name, b in REGISTRY.items() if b.multiagent == multiagent]
+# The other libraries' parallel envs and shmvec through each library's API, in pairs.
+REGISTRY.update({
+    b.name: b
+    for b in [
+        Backend("TorchRL-Parallel", "TorchRL", ("torchrl",), _torchrl_parallel, by_default=False, tensordict=True,
+                note="TorchRL's ParallelEnv of GymWrapper envs, one process per env; steps as env.rollout does"),
+        Backend("TorchRL-shmvec", "shmvec", ("torchrl", "shmvec.shm_vector_env"), _torchrl_shm, by_default=False,
+                tensordict=True, versus="TorchRL-Parallel",
+                note="make_torchrl_env: TorchRL's GymWrapper over a ShmVectorEnv (autoreset Disabled)"),
+        Backend("Tianshou-Subproc", "Tianshou", ("tianshou",), _tianshou_subproc, by_default=False,
+                note="Tianshou's SubprocVectorEnv, one process per env; envs that ended reset by index"),
+        Backend("Tianshou-shmvec", "shmvec", ("tianshou", "shmvec.env_pool"), _tianshou_shm, by_default=False,
+                versus="Tianshou-Subproc",
+                note="ShmTianshouVectorEnv; envs that ended reset by index, as Tianshou's collectors do"),
+    ]
+})
+
+
+def backend_names(multiagent: bool = False, all_: bool = False) -> list[str]:
+    """The single-agent backends a run measures by default, or the multi-agent ones; with ``all_``,
+    also those that run only when named in ``--backends``."""
+    return [name for name, b in REGISTRY.items() if b.multiagent == multiagent and (all_ or b.by_default)]
 
 
 def reference(env: str) -> str:

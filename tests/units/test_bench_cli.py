@@ -118,7 +118,8 @@ def test_sb3_envs_are_not_offered_to_a_remote_interpreter():
 
 
 @pytest.mark.parametrize("env", ["CartPole-v1", "CartPole-monitor", "image-84x84x4", "dict-obs", "CartPole-info"])
-@pytest.mark.parametrize("backend", [n for n, b in B.REGISTRY.items() if not b.remote and not b.multiagent])
+@pytest.mark.parametrize("backend", [n for n, b in B.REGISTRY.items() if not b.remote and not b.multiagent
+                                     and b.by_default])
 def test_every_backend_steps_every_env(backend, env):
     b = B.get(backend)
     if b.missing():
@@ -141,6 +142,56 @@ def test_every_backend_steps_every_env(backend, env):
             assert obs.shape == (rows, *single.shape)
     finally:
         handle.close()
+
+
+LIBRARY_PAIRS = [("TorchRL-Parallel", "TorchRL-shmvec"), ("Tianshou-Subproc", "Tianshou-shmvec")]
+
+
+def test_library_pairs_run_only_when_named(capsys):
+    named = [n for pair in LIBRARY_PAIRS for n in pair]
+    assert not set(named) & set(B.backend_names()) and set(named) <= set(B.backend_names(all_=True))
+    assert not set(named) & set(bench.Config().backends)
+    for peer, ours in LIBRARY_PAIRS:
+        assert B.get(ours).versus == peer and not B.get(peer).versus
+    assert bench.main(["--list"]) == 0
+    assert "measured against TorchRL-Parallel" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("pair", LIBRARY_PAIRS, ids=[p[0].split("-")[0] for p in LIBRARY_PAIRS])
+def test_library_pair_measured_side_by_side(pair, tmp_path, capsys):
+    """The other library's parallel env and shmvec through that library's API, in one run: a tiny point."""
+    for name in pair:
+        if B.get(name).missing():
+            pytest.skip(f"{name}: {B.get(name).missing()}")
+    out = tmp_path / "r.json"
+    rc, cap = _run_cli(["--envs", "CartPole-v1", "--n-envs", "2", "--backends", *pair, "--no-footprint",
+                        "--no-latency", "--json", str(out), *TINY], capsys)
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert {p["backend"] for p in r["points"]} == set(pair) and not r["skipped"]
+    assert all(len(p["rounds"]) == 2 and p["steps_per_s"] > 0 for p in r["points"])
+    [q] = r["pairs"]
+    assert (q["backend"], q["versus"], q["n_envs"]) == (pair[1], pair[0], 2) and q["ratio"] > 0
+    assert f"{pair[1]} runs" in cap.out
+    assert bench.main(["--from-json", str(out), "--markdown"]) == 0
+    assert f"| CartPole-v1 | 2 | {pair[1]} | {pair[0]} |" in capsys.readouterr().out
+
+
+def test_library_pairs_skip_without_their_library(monkeypatch, tmp_path, capsys):
+    for module in ("torchrl", "tianshou"):
+        monkeypatch.setitem(sys.modules, module, None)  # find_spec answers None: not installed
+    out = tmp_path / "r.json"
+    names = [n for pair in LIBRARY_PAIRS for n in pair]
+    rc, cap = _run_cli(["--envs", "CartPole-v1", "--n-envs", "2", "--backends", "DummyVecEnv", *names,
+                        "--no-footprint", "--no-latency", "--json", str(out), *TINY], capsys)
+    assert rc == 0
+    r = json.loads(out.read_text())
+    reasons = {s["backend"]: s["reason"] for s in r["skipped"]}
+    assert set(reasons) == set(names)
+    assert reasons["TorchRL-shmvec"] == "torchrl is not installed"
+    assert reasons["Tianshou-Subproc"] == "tianshou is not installed"
+    assert [p["backend"] for p in r["points"]] == ["DummyVecEnv"] and r["pairs"] == []
+    assert "Skipped:" in cap.out
 
 
 def test_side_by_side_gives_each_stepper_every_round():
