@@ -13,6 +13,7 @@ __all__ = [
     "ShmVecEnv",
     "ShmVectorEnv",
     "ShmMultiAgentVecEnv",
+    "ShmParallelEnv",
     "make_vec",
     "ShmEnvPool",
     "ShmVecEnvPool",
@@ -65,6 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from shmvec.shm_vec_env import ShmVecEnv
     from shmvec.shm_vector_env import ShmVectorEnv, make_vec
     from shmvec.multi_agent_vec_env import ShmMultiAgentVecEnv
+    from shmvec.parallel_env import ShmParallelEnv
     from shmvec.env_pool import ShmEnvPool
     from shmvec.vec_env_pool import PoolReplayBuffer, ShmVecEnvPool
 
@@ -78,6 +80,10 @@ def __getattr__(name: str) -> Any:
         from shmvec.multi_agent_vec_env import ShmMultiAgentVecEnv
 
         return ShmMultiAgentVecEnv
+    if name == "ShmParallelEnv":
+        from shmvec.parallel_env import ShmParallelEnv
+
+        return ShmParallelEnv
     if name in ("ShmVectorEnv", "make_vec"):
         from shmvec import shm_vector_env
 

@@ -29,7 +29,47 @@ from shmvec._errors import NoAsyncCallError
 from shmvec._seeds import per_env_seeds
 from shmvec._state import serialized
 
-__all__ = ["ShmMultiAgentVecEnv"]
+__all__ = ["ShmMultiAgentVecEnv", "agents_engine", "agent_step_values"]
+
+FLAG_KEYS = ("rew", "term", "trunc", "active")
+
+
+def agents_engine(env_fns: Sequence[Callable[[], Any]], pad: bool, public_name: str,
+                  **options: Any) -> tuple[Engine, list[str]]:
+    """An :class:`Engine` of :class:`shmvec._agents.AgentsEnv`s built from ``env_fns``, and the
+    envs' ``possible_agents`` (the multi-agent front-ends' shared construction).  ``options``
+    are the engine's (every ``ShmVecEnv`` option but ``action_masks``).  Closes what it built
+    if reading the agents fails."""
+    factories = [AgentsFactory(fn, i, pad) for i, fn in enumerate(env_fns)]
+    engine = Engine(factories, batch_dict=collections.OrderedDict, public_name=public_name,
+                    action_masks=False, **options)
+    try:
+        agents = list(engine.call(P.Call.GET_ATTR, [0], ("possible_agents",))[0])
+    except BaseException:
+        engine.close()
+        raise
+    return engine, agents
+
+
+def agent_step_values(engine: Engine, results: list[list]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(the envs that ended this step, the step's per-agent ``rew``/``term``/``trunc``/``active``
+    as new ``(n_envs, n_agents)`` arrays).  An env that ended has been reset already, so its
+    values are read from the terminal stack; a restarted env's (whose last stack is that of the
+    step before: nothing new happened) have reward 0 and flags False."""
+    views = engine.views
+    ended = np.flatnonzero(views.terminated | views.truncated)
+    values = {}
+    for key in FLAG_KEYS:
+        arr = views.obs[(key,)].copy()
+        if ended.size:
+            arr[ended] = views.term_obs[(key,)][ended]
+        values[key] = arr
+    for items in results:
+        for e, info, _ in items:
+            if info and RESTART_INFO_KEY in info:
+                values["rew"][e] = 0.0
+                values["term"][e] = values["trunc"][e] = False
+    return ended, values
 
 
 class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
@@ -79,14 +119,13 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
         cpu_affinity: bool | Sequence[int | Sequence[int]] | None = None,
         preload: Sequence[str] | None = None,
     ) -> None:
-        factories = [AgentsFactory(fn, i, pad) for i, fn in enumerate(env_fns)]
-        self._engine = engine = Engine(
-            factories, batch_dict=collections.OrderedDict, public_name=type(self).__name__, n_workers=n_workers,
-            start_method=start_method, copy=copy, worker_threads=worker_threads, timeout=timeout, spin_us=spin_us,
-            mailbox_bytes=mailbox_bytes, on_failure=on_failure, max_restarts=max_restarts,
-            invalid_actions=invalid_actions, envs_per_worker=envs_per_worker, cpu_affinity=cpu_affinity,
-            preload=preload, action_masks=False,
+        engine, self.possible_agents = agents_engine(
+            env_fns, pad, type(self).__name__, n_workers=n_workers, start_method=start_method, copy=copy,
+            worker_threads=worker_threads, timeout=timeout, spin_us=spin_us, mailbox_bytes=mailbox_bytes,
+            on_failure=on_failure, max_restarts=max_restarts, invalid_actions=invalid_actions,
+            envs_per_worker=envs_per_worker, cpu_affinity=cpu_affinity, preload=preload,
         )
+        self._engine = engine
         self.pad = pad
         self.n_envs = engine.num_envs
         stacked = engine.observation_space
@@ -95,7 +134,6 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
         self._env_seeds: list = [None] * self.n_envs
         self._env_options: list = [{}] * self.n_envs
         try:
-            self.possible_agents = list(engine.call(P.Call.GET_ATTR, [0], ("possible_agents",))[0])
             self.reset_infos: list[dict[str, Any]] = [{} for _ in range(self.n_envs * n)]
             super().__init__(self.n_envs * n, agent_space(stacked["obs"]), agent_space(engine.action_space))
         except BaseException:
@@ -195,17 +233,9 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
 
     def _step_results(self, engine: Engine, results: list[list]) -> VecEnvStepReturn:
         views, n = engine.views, self.n_agents
+        ended, values = agent_step_values(engine, results)
         env_done = views.terminated | views.truncated
-        ended = np.flatnonzero(env_done)
-        # The step's per-agent values: of the new episode's reset for the envs that ended, so those
-        # are read from the terminal stack.
-        flags = {}
-        for key in ("rew", "term", "trunc", "active"):
-            values = views.obs[(key,)].copy()
-            if ended.size:
-                values[ended] = views.term_obs[(key,)][ended]
-            flags[key] = values.reshape(-1)
-        rew, term, trunc, active = flags["rew"], flags["term"], flags["trunc"], flags["active"]
+        rew, term, trunc, active = (values[key].reshape(-1) for key in FLAG_KEYS)
         dones = np.repeat(env_done, n)
         infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         reset_infos = self.reset_infos
@@ -218,11 +248,6 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
                     self._spread(e, info, infos)
                 if reset_info:
                     self._spread(e, reset_info, reset_infos)
-        for e in ended:  # a restarted env's last stack is that of the step before: nothing new happened
-            r0 = int(e) * n
-            if RESTART_INFO_KEY in infos[r0]:
-                rew[r0:r0 + n] = 0.0
-                term[r0:r0 + n] = trunc[r0:r0 + n] = False
         for r in np.flatnonzero(~active):
             infos[r]["active"] = False
         for r in np.flatnonzero((term | trunc) & ~dones):

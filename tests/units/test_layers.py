@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("worker", ["shmvec._worker", "shmvec._pool"]),
     ("engine parts", ["shmvec._state", "shmvec._workers", "shmvec._channel", "shmvec._restarts", "shmvec._engine"]),
     ("front-ends", ["shmvec.shm_vec_env", "shmvec.shm_vector_env", "shmvec.env_pool", "shmvec.vec_env_pool",
-                    "shmvec.multi_agent_vec_env"]),
+                    "shmvec.multi_agent_vec_env", "shmvec.parallel_env"]),
     ("package", ["shmvec"]),
     ("ray", ["shmvec.ray", "shmvec.ray_pool"]),
     ("integrations", ["shmvec.integrations"]),

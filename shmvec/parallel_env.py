@@ -1,0 +1,214 @@
+"""ShmParallelEnv: PettingZoo's ``ParallelEnv`` API batched over envs, agents kept as keys.
+
+The same engine and worker-side adapter as :class:`shmvec.ShmMultiAgentVecEnv` (built by
+:func:`shmvec.multi_agent_vec_env.agents_engine`), with the same autoreset and black-death
+semantics, but every return is a dict keyed by agent of arrays over envs instead of SB3 rows.
+docs/multi-agent.md, "A face that keeps agents as keys".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector.utils import batch_space
+
+from shmvec._agents import agent_space
+from shmvec._copyguard import Uncopyable
+from shmvec._engine import Engine
+from shmvec._seeds import per_env_seeds
+from shmvec._state import serialized
+from shmvec.multi_agent_vec_env import agent_step_values, agents_engine
+
+__all__ = ["ShmParallelEnv"]
+
+
+class ShmParallelEnv(Uncopyable):
+    """PettingZoo ``ParallelEnv``s stepped in shared memory, agents as keys, envs batched::
+
+        env = ShmParallelEnv([lambda: simple_spread_v3.parallel_env()] * 8)
+        obs, infos = env.reset(seed=0)               # obs["agent_0"].shape == (8, 18)
+        acts = {a: env.action_space(a).sample() for a in env.agents}   # arrays of 8 actions
+        obs, rewards, terminations, truncations, infos = env.step(acts)
+
+    Every dict has every agent of ``possible_agents`` as a key (``agents`` is the same list),
+    whether or not the agent is alive in each env.  Semantics, as ``ShmMultiAgentVecEnv``'s:
+
+    - an agent an env does not report on (dead, or not born yet) is masked in that env: zero
+      observation, reward 0, ``infos[agent]["active"][e]`` False, its action ignored;
+    - an agent that ends before its env: its last observation and reward, flags False,
+      ``infos[agent]["agent_terminated"]`` (or ``"agent_truncated"``) True for that env;
+    - an env ends when no agent of it is left alive; it is reset in the same step, and every
+      agent of it reports ``terminations[agent][e]`` or (that agent truncated, not terminated)
+      ``truncations[agent][e]`` True, with the last observation in ``infos[agent]["final_obs"][e]``
+      (a dense array over envs, zeros where no env ended or the agent was masked; the mask
+      ``infos[agent]["_final_obs"]`` says which envs ended) and the new episode's observation in
+      ``obs``; the reset's own infos go to ``infos[agent]["reset_info"]``.
+
+    Infos are in Gymnasium's vector format: each key an array over envs, with a ``_key`` mask.
+
+    :param env_fns: callables that each build a new PettingZoo ``ParallelEnv`` (or a parallelizable AEC env).
+    :param pad: as ``ShmMultiAgentVecEnv``'s (agents with different spaces are padded to one).
+    :param options: every option of :class:`shmvec.ShmVecEnv` but ``action_masks``.
+    """
+
+    _engine: Engine | None = None  # class-level: close() and __del__ are safe on a half-built object
+    _add_info = gym.vector.VectorEnv._add_info  # Gymnasium's own info batching (needs ``num_envs``)
+
+    def __init__(self, env_fns: Sequence[Callable[[], Any]], pad: bool = False, **options: Any) -> None:
+        engine, agents = agents_engine(env_fns, pad, type(self).__name__, **options)
+        self._engine = engine
+        self.pad = pad
+        self.possible_agents = agents
+        self.num_envs = n_envs = engine.num_envs
+        self.n_agents = len(agents)
+        self._index = {a: k for k, a in enumerate(agents)}
+        self._obs_space = agent_space(engine.observation_space["obs"])
+        self._act_space = agent_space(engine.action_space)
+        self._batched_obs = batch_space(self._obs_space, n_envs)
+        self._batched_act = batch_space(self._act_space, n_envs)
+        self._act_shape = (n_envs, self.n_agents, *self._act_space.shape)
+        self.metadata = engine.metadata
+
+    @property
+    def agents(self) -> list[str]:
+        """Every possible agent: the keys of every dict (an agent dead in an env is masked there)."""
+        return list(self.possible_agents)
+
+    @property
+    def closed(self) -> bool:
+        return self._engine is None or self._engine.status.closed
+
+    def observation_space(self, agent: str) -> gym.Space:
+        """``agent``'s observation space batched over envs (``Box (n_envs, *shape)``, or ``MultiDiscrete``)."""
+        self._index[agent]
+        return self._batched_obs
+
+    def action_space(self, agent: str) -> gym.Space:
+        """``agent``'s action space batched over envs (``MultiDiscrete`` for ``Discrete``, or ``Box``)."""
+        self._index[agent]
+        return self._batched_act
+
+    def single_observation_space(self, agent: str) -> gym.Space:
+        self._index[agent]
+        return self._obs_space
+
+    def single_action_space(self, agent: str) -> gym.Space:
+        self._index[agent]
+        return self._act_space
+
+    # ---- the API ------------------------------------------------------------------------------------
+    @serialized
+    def reset(self, seed: int | Sequence[int | None] | None = None,
+              options: Mapping | Sequence[Mapping] | None = None) -> tuple[dict, dict]:
+        """Resets every env: an int seed ``s`` gives env ``e`` the seed ``s + e``; a list, one per env.
+        ``options``: one dict for every env, or one per env.
+
+        :returns: (obs, infos), keyed by agent.
+        """
+        engine = self._engine
+        engine.check_usable()
+        seeds, _ = per_env_seeds(seed, self.num_envs)
+        if options is None or isinstance(options, Mapping):
+            options = [dict(options or {})] * self.num_envs
+        elif len(options) != self.num_envs:
+            raise ValueError(f"expected {self.num_envs} option dicts (one per env), got {len(options)}")
+        results = engine.reset(seeds, list(options))
+        infos = self._new_infos(engine.views.obs[("active",)])
+        for items in results:
+            for e, info in items:
+                self._add_env_info(infos, e, info)
+        return self._obs(engine), infos
+
+    @serialized
+    def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        """Steps every env with ``actions[agent]``, an array over envs (a missing agent's action is 0).
+
+        :returns: (obs, rewards, terminations, truncations, infos), keyed by agent.
+        :raises KeyError: an action for an agent that is not in ``possible_agents``.
+        """
+        engine = self._engine
+        engine.check_usable()
+        stacked = np.zeros(self._act_shape, dtype=self._act_space.dtype)
+        for agent, action in actions.items():
+            if agent not in self._index:
+                raise KeyError(f"{agent!r} is not one of possible_agents {self.possible_agents}")
+            stacked[:, self._index[agent]] = action
+        engine.post_step(stacked)
+        results = engine.complete_step()
+        try:
+            return self._step_results(engine, results)
+        finally:
+            engine.finish_step()
+
+    def _obs(self, engine: Engine) -> dict[str, np.ndarray]:
+        obs = engine.views.obs[("obs",)]
+        return {a: obs[:, k].copy() for a, k in self._index.items()}
+
+    def _new_infos(self, active: np.ndarray) -> dict[str, dict]:
+        on = np.ones(self.num_envs, dtype=np.bool_)
+        return {a: {"active": active[:, k].copy(), "_active": on.copy()} for a, k in self._index.items()}
+
+    def _add_env_info(self, infos: dict, e: int, info: dict, key: str | None = None) -> None:
+        """Env ``e``'s info ({agent: info}) into ``infos``; a key that is no agent's (the engine's
+        ``shmvec_restarted``) goes to every agent.  ``key``: nested under that key."""
+        shared = {k: v for k, v in info.items() if k not in self._index}
+        for agent in self.possible_agents:
+            own = {**(info.get(agent) or {}), **shared}
+            if own:
+                self._add_info(infos[agent], {key: own} if key else own, e)
+
+    def _step_results(self, engine: Engine, results: list[list]) -> tuple[dict, dict, dict, dict, dict]:
+        ended, values = agent_step_values(engine, results)
+        rew, term, trunc, active = values["rew"], values["term"], values["trunc"], values["active"]
+        env_done = np.zeros(self.num_envs, dtype=np.bool_)
+        env_done[ended] = True
+        timelimit = trunc & ~term
+        infos = self._new_infos(active)
+        for items in results:
+            for e, info, reset_info in items:
+                if info:
+                    self._add_env_info(infos, e, info)
+                if reset_info:
+                    self._add_env_info(infos, e, reset_info, "reset_info")
+        term_obs = engine.views.term_obs[("obs",)] if ended.size else None
+        rewards, terminations, truncations = {}, {}, {}
+        for agent, k in self._index.items():
+            info = infos[agent]
+            for flag, name in ((term[:, k], "agent_terminated"), (trunc[:, k], "agent_truncated")):
+                early = flag & ~env_done if name == "agent_terminated" else flag & ~term[:, k] & ~env_done
+                if early.any():
+                    info[name], info["_" + name] = early.copy(), early.copy()
+            if term_obs is not None:
+                final = np.zeros((self.num_envs, *self._obs_space.shape), dtype=self._obs_space.dtype)
+                final[ended] = term_obs[ended, k]
+                info["final_obs"], info["_final_obs"] = final, env_done.copy()
+            rewards[agent] = rew[:, k].copy()
+            terminations[agent] = env_done & ~timelimit[:, k]
+            truncations[agent] = env_done & timelimit[:, k]
+        return self._obs(engine), rewards, terminations, truncations, infos
+
+    # ---- lifetime ------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stops the workers and frees the shared memory.  Idempotent, bounded in time."""
+        engine = self._engine
+        if engine is None:
+            return
+        with engine.closing():
+            engine.close()
+
+    def __enter__(self) -> ShmParallelEnv:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        engine = self._engine
+        if engine is not None and not engine.status.closed:
+            try:
+                self.close()
+            except Exception:
+                pass
