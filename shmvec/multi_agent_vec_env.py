@@ -12,7 +12,6 @@ policy is shared by every agent.  The semantics (agents that come and go, paddin
 from __future__ import annotations
 
 import collections
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,6 +27,7 @@ from shmvec._restarts import RESTART_INFO_KEY
 from shmvec._errors import NoAsyncCallError
 from shmvec._seeds import per_env_seeds
 from shmvec._state import serialized
+from shmvec.shm_vec_env import rendered_images
 
 __all__ = ["ShmMultiAgentVecEnv", "agents_engine", "agent_step_values"]
 
@@ -293,12 +293,7 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
     @serialized
     def get_images(self) -> Sequence[np.ndarray | None]:
         """One image per env (not per row): each ``ParallelEnv``'s ``render()``."""
-        if self.render_mode != "rgb_array":
-            warnings.warn(
-                f"The render mode is {self.render_mode}, but this method assumes it is `rgb_array` to obtain images."
-            )
-            return [None for _ in range(self.n_envs)]
-        return self._engine.call(P.Call.RENDER, None, ())
+        return rendered_images(self._engine, self.render_mode, self.n_envs)
 
     @serialized
     def has_attr(self, attr_name: str) -> bool:

@@ -31,6 +31,15 @@ from shmvec._state import IDLE, serialized
 __all__ = ["ShmVecEnv"]
 
 
+def rendered_images(engine: Engine, render_mode: str | None, n_envs: int) -> list:
+    """SB3's ``VecEnv.get_images``: each env's ``render()``, or ``n_envs`` Nones (with SB3's warning)
+    when the render mode is not ``rgb_array``."""
+    if render_mode != "rgb_array":
+        warnings.warn(f"The render mode is {render_mode}, but this method assumes it is `rgb_array` to obtain images.")
+        return [None for _ in range(n_envs)]
+    return engine.call(P.Call.RENDER, None, ())
+
+
 class ShmVecEnv(Uncopyable, VecEnv):
     """A vectorized environment whose workers step slices of the envs in shared memory.
 
@@ -294,12 +303,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
 
     @serialized
     def get_images(self) -> Sequence[np.ndarray | None]:
-        if self.render_mode != "rgb_array":
-            warnings.warn(
-                f"The render mode is {self.render_mode}, but this method assumes it is `rgb_array` to obtain images."
-            )
-            return [None for _ in range(self.num_envs)]
-        return self._engine.call(P.Call.RENDER, None, ())
+        return rendered_images(self._engine, self.render_mode, self.num_envs)
 
     @serialized
     def has_attr(self, attr_name: str) -> bool:
