@@ -55,6 +55,7 @@ from shmvec._errors import (
 )
 from shmvec._describe import describe_env_fns
 from shmvec._layout import make_gather, scalar_float_box
+from shmvec._leases import Leases
 from shmvec._machine import set_forkserver_preload
 from shmvec._options import Options
 from shmvec._pickled_leaves import pickled_leaves
@@ -86,6 +87,8 @@ class Engine:
     done_step: list[list] | None = None  # the items of the step in flight once read (state DONE)
     pending_call: RareCall | None = None  # the call of call_async() (state CALLING)
     actions: ActionWriter | None = None
+    leases: Leases | None = None  # zero_copy's lease blocks (shmvec._leases), when on
+    masks_in_shm = False  # whether the workers write action masks into shared memory (``action_masks``)
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], *, batch_dict: type = collections.OrderedDict,
                  pickled_batch: Callable[[list], Any] = tuple, observation_mode: Any = None,
@@ -135,8 +138,7 @@ class Engine:
         obs_space, act_space = layout.observation_space, layout.action_space
         self.words = workers.words
         assert workers.shm is not None
-        self.layout = layout
-        self.num_envs = layout.n_envs
+        self.layout, self.num_envs, self.masks_in_shm = layout, layout.n_envs, layout.mask_size > 0
         self.observation_space, self.action_space, self.metadata = obs_space, act_space, metadata
         views = self.views = workers.views = layout.views(workers.shm.buf)
         self._cmd_words = [(P.word(w, P.CMD_SEQ), P.word(w, P.CMD), P.word(w, P.CMD_SLEEPERS)) for w in range(n)]
@@ -154,12 +156,10 @@ class Engine:
         # (Not a scalar float Box: its row would come back a numpy scalar; term_obs gives a 0-d array.)
         self.term_leaf = views.term_obs[()] if single_obs and not scalar_float_box(obs_space) else None
         self.step_actions = self.actions.single
+        if layout.obs_blocks:
+            self.leases = Leases(layout, views, workers.block_fd(), self._batch_dict)
 
     # ---- facts ------------------------------------------------------------------------------------
-    @property
-    def parent_spin_s(self) -> float:
-        return self.options.parent_spin_s
-
     def check_usable(self) -> None:
         """:raises ClosedVecEnvError, BrokenVecEnvError: see :class:`shmvec._state.Status`."""
         self.status.check_usable()
@@ -169,6 +169,16 @@ class Engine:
         self.status.check_usable()
         if self.status.state is not IDLE:
             raise pending_error(what, self.status.pending)
+
+    def obs_out(self, copy: bool = True) -> Any:
+        """The observations of the last step or reset: arrays of the caller's own (a copy, or a
+        lease block: shmvec._leases), or with ``copy=False`` views of the shared buffers."""
+        leases = self.leases
+        if leases is not None and leases.block:
+            return leases.value()
+        if not copy:
+            return self.obs_view(slice(None))
+        return self.obs_leaf.copy() if self.obs_leaf is not None else self.obs_copy(slice(None))
 
     # ---- the step -----------------------------------------------------------------------------------
     def post_step(self, actions: Any) -> None:
@@ -237,6 +247,8 @@ class Engine:
             self.finish_step()
         self.check_idle("reset" if wait else "reset_async")
         in_pipe = write_reset_args(self, seeds, options, mask)
+        if self.leases is not None:
+            self.leases.partial = mask is not None
         try:
             if not wait:
                 self.status.enter(RESETTING)
@@ -271,11 +283,14 @@ class Engine:
     # ---- the shared-word protocol ---------------------------------------------------------------------
     def arm_early_wake(self, cmd: P.Cmd) -> None:
         """Before a post: tells the workers on which core the parent will sleep (STEP only, and
-        only when it does not spin), and clears the early-wake flag (protocol, "Early wake")."""
+        only when it does not spin), clears the early-wake flag (protocol, "Early wake"), and
+        picks the block the observations go to (zero_copy)."""
         words = self.words
         cpu = current_cpu() if cmd == P.Cmd.STEP and self.options.parent_spin_s == 0.0 else -1
         words.store(P.PARENT_CPU, cpu if cpu >= 0 else P.NO_CPU)
         words.store(P.EARLY_WAKE, 0)
+        if self.leases is not None:  # where the observations go (block 0 without leases: never changes)
+            self.leases.pick(cmd, words, self.views)
 
     def post(self, cmd: P.Cmd, skip: Any = ()) -> None:
         """Posts ``cmd`` to every worker but those in ``skip`` (protocol steps 1-3); a STEP enters POSTED."""
@@ -402,22 +417,13 @@ class Engine:
             return load_result(self.views.mailbox[w, :n]) if n else []
         except Exception as exc:
             if not isinstance(exc, ShmVecEnvError):  # (a dead worker, a timeout: they say it themselves)
-                sl = self.slices[w]
-                exc.add_note(
-                    f"shmvec: the {command} result of worker {w} (envs {sl.start}..{sl.stop - 1}) was written there "
-                    "but does not load in this process: an info holds an object only the worker can rebuild "
-                    "(a CUDA tensor, a class the worker imported, a lock). Return plain data in infos. "
-                    + BROKEN_HINT)
+                explain_unloadable(exc, w, self.slices[w], command)
             raise
 
     # ---- rare commands ---------------------------------------------------------------------------------
     def indices(self, indices: Any) -> Any:
         """SB3's ``VecEnv._get_indices``: None (all), an int, or an iterable of ints."""
-        if indices is None:
-            return range(self.num_envs)
-        if isinstance(indices, int):
-            return [indices]
-        return indices
+        return range(self.num_envs) if indices is None else [indices] if isinstance(indices, int) else indices
 
     def call(self, name: str, indices: Any, args: tuple) -> list[Any]:
         """Rare command ``name`` (:class:`shmvec._protocol.Call`) on the envs ``indices``; answers in order."""
@@ -456,12 +462,6 @@ class Engine:
         status.enter(IDLE)
         self.pending_call = None
         return call.result()
-
-    @property
-    def masks_in_shm(self) -> bool:
-        """Whether the workers write action masks into shared memory (the ``action_masks`` option)."""
-        layout = getattr(self, "layout", None)  # absent on a half-built engine
-        return layout is not None and layout.mask_size > 0
 
     # ---- the end ------------------------------------------------------------------------------------------
     def close(self, terminate: bool = False, timeout: float | None = None) -> None:
@@ -510,6 +510,8 @@ class Engine:
                 polite = False
         if self.actions is not None:
             self.actions.release()
+        if self.leases is not None:
+            self.leases.release()
         self.views = self.obs_view = self.obs_copy = self.term_obs = None  # drop views before unmapping
         self.obs_leaf = self.term_leaf = self.step_actions = self.actions = None
         errors = workers.release(polite=polite)
@@ -539,6 +541,14 @@ def died_in_close(w: int, code: int | None, report: str, slices: Sequence[range]
         + "). Everything was released anyway.",
         worker=w, env_indices=sl, exitcode=code,
     ), WorkerStacks.of(report, "when it died"))
+
+
+def explain_unloadable(exc: Exception, w: int, sl: range, command: str) -> None:
+    """Notes on ``exc`` why worker ``w``'s result (of its envs ``sl``) may not load here."""
+    exc.add_note(
+        f"shmvec: the {command} result of worker {w} (envs {sl.start}..{sl.stop - 1}) was written there "
+        "but does not load in this process: an info holds an object only the worker can rebuild "
+        "(a CUDA tensor, a class the worker imported, a lock). Return plain data in infos. " + BROKEN_HINT)
 
 
 def late_error(engine: Engine, command: str, limit: float) -> BaseException:

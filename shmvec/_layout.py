@@ -164,7 +164,8 @@ class Layout:
     """Offsets of every buffer; :meth:`views` turns a buffer into numpy arrays."""
 
     def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, n_envs: int,
-                 n_workers: int, mailbox_bytes: int = P.MAILBOX_BYTES, mask_size: int = 0) -> None:
+                 n_workers: int, mailbox_bytes: int = P.MAILBOX_BYTES, mask_size: int = 0,
+                 obs_blocks: int = 0) -> None:
         self.observation_space = observation_space
         self.action_space = action_space
         self.n_envs = n_envs
@@ -203,9 +204,19 @@ class Layout:
         self.mask_size = mask_size
         if mask_size:  # action masks (shmvec._masks), only when they are on
             add("mask", None, (n_envs, mask_size), np.dtype(np.bool_))
+        # Lease blocks (zero_copy, shmvec._leases): more sets of observation buffers, last, so that
+        # the pages of those never used need not be reserved.
+        self.obs_blocks = obs_blocks
+        self.lease_spans: list[tuple[int, int]] = []  # (offset, nbytes) of each lease block
+        for b in range(1, obs_blocks + 1):
+            start = offset
+            for leaf in obs_leaves:
+                add("lease", (b, leaf.path), (n_envs, *leaf.shape), leaf.dtype)
+            self.lease_spans.append((start, offset - start))
         self.ctrl_offset = self._entries[0][2]
         self.ctrl_words = (n_workers + 1) * P.ROW_WORDS
         self.nbytes = max(offset, ALIGN)
+        self.base_nbytes = max(self.lease_spans[0][0] if obs_blocks else offset, ALIGN)  # without the lease blocks
 
     def views(self, buf: memoryview) -> "Views":
         arrays: dict[tuple[str, Any], np.ndarray] = {}
@@ -228,6 +239,10 @@ class Views:
         self.obs: dict[Path, Any] = {leaf.path: arrays[("obs", leaf.path)] for leaf in layout.obs_leaves}
         self.term_obs: dict[Path, Any] = {leaf.path: arrays[("term_obs", leaf.path)] for leaf in layout.obs_leaves}
         self.act: dict[Path, Any] = {leaf.path: arrays[("act", leaf.path)] for leaf in layout.act_leaves}
+        # Block 0 (obs) and the lease blocks, if any (zero_copy: shmvec._leases).
+        self.obs_blocks: list[dict[Path, Any]] = [self.obs] + [
+            {leaf.path: arrays[("lease", (b, leaf.path))] for leaf in layout.obs_leaves}
+            for b in range(1, layout.obs_blocks + 1)]
         for path in layout.obs_pickled:
             self.obs[path], self.term_obs[path] = [None] * n, [None] * n
         for path in layout.act_pickled:

@@ -69,6 +69,22 @@ def whole(name: str, value: Any, minimum: int) -> int | None:
     return value
 
 
+def check_zero_copy(zero_copy: Any, copy: bool, on_failure: str) -> bool | None:
+    """``zero_copy`` resolved against the options it cannot go with: False where the default
+    (None) meets them, ValueError where ``True`` does (shmvec._leases)."""
+    if zero_copy is not None and not isinstance(zero_copy, (bool, np.bool_)):
+        raise TypeError(f"zero_copy must be True, False or None (by the observations' size), not {zero_copy!r}")
+    why_not = ("copy=False hands out the shared buffers themselves, which the next step overwrites" if not copy
+               else "on_failure='restart' rewrites the observations of restarted envs in place"
+               if on_failure == "restart" else None)
+    if why_not is None or zero_copy is False:
+        return None if zero_copy is None else bool(zero_copy)
+    if zero_copy:
+        raise ValueError(f"zero_copy=True cannot go with these options: {why_not}. Leave zero_copy at None "
+                         "(its default: on where it applies).")
+    return False
+
+
 @dataclass(frozen=True)
 class Options:
     """A vec env's options, checked and resolved (see :meth:`build`); the parameters are
@@ -89,6 +105,7 @@ class Options:
     cpu_sets: tuple
     preload: tuple[str, ...]
     action_masks: bool | None
+    zero_copy: bool | None  # observations handed out without a copy (shmvec._leases); None: by size
     slices: tuple[range, ...]
     autoreset: str  # how workers reset finished envs (shmvec._protocol)
     public_name: str  # the class the user holds, named in errors
@@ -120,6 +137,7 @@ class Options:
         cpu_affinity: bool | Sequence[int | Sequence[int]] | None = None,
         preload: Sequence[str] | None = None,
         action_masks: bool | None = None,
+        zero_copy: bool | None = False,
     ) -> tuple[Options, list]:
         """Checks every argument; returns the options and the factories as a list.
 
@@ -131,7 +149,7 @@ class Options:
         given = dict(n_workers=n_workers, start_method=start_method, copy=copy, worker_threads=worker_threads,
                      timeout=timeout, spin_us=spin_us, mailbox_bytes=mailbox_bytes, on_failure=on_failure,
                      max_restarts=max_restarts, invalid_actions=invalid_actions, envs_per_worker=envs_per_worker,
-                     cpu_affinity=cpu_affinity, preload=preload, action_masks=action_masks)
+                     cpu_affinity=cpu_affinity, preload=preload, action_masks=action_masks, zero_copy=zero_copy)
         n_workers = whole("n_workers", n_workers, 1)
         envs_per_worker = whole("envs_per_worker", envs_per_worker, 1)
         worker_threads = whole("worker_threads", worker_threads, 1)
@@ -174,6 +192,7 @@ class Options:
             raise ValueError("on_failure='restart' is supported by ShmVecEnv (the SB3 VecEnv) only")
         if invalid_actions not in INVALID_ACTIONS:
             raise ValueError(f"invalid_actions must be one of {INVALID_ACTIONS}, got {invalid_actions!r}")
+        zero_copy = check_zero_copy(zero_copy, copy, on_failure)
         sets = cpu_sets(cpu_affinity, n_workers)
         if preload and start_method != "forkserver":
             raise ValueError(f"preload applies to start_method='forkserver' only, not {start_method!r}")
@@ -185,7 +204,7 @@ class Options:
             timeout=timeout, parent_spin_s=max(0.0, parent_us) * 1e-6, worker_spin_s=max(0.0, worker_us) * 1e-6,
             mailbox_bytes=mailbox_bytes, on_failure=on_failure, max_restarts=max_restarts,  # type: ignore[arg-type]
             invalid_actions=invalid_actions, cpu_sets=tuple(sets), preload=tuple(preload or ()),
-            action_masks=action_masks, slices=tuple(split_envs(n_envs, n_workers)), autoreset=autoreset,
+            action_masks=action_masks, zero_copy=zero_copy, slices=tuple(split_envs(n_envs, n_workers)), autoreset=autoreset,
             public_name=public_name, given=MappingProxyType(given),
         )
         return options, env_fns

@@ -4,7 +4,8 @@ Shared-memory layout (one ``multiprocessing.shared_memory`` block per vec env,
 computed identically on both sides by :class:`shmvec._layout.Layout`)::
 
     control words   uint32, one 64-byte cache line per row:
-                      row 0      PENDING PARENT_SLEEPERS PARENT_CPU EARLY_WAKE (global)
+                      row 0      PENDING PARENT_SLEEPERS PARENT_CPU EARLY_WAKE OBS_BLOCK
+                                 (global)
                       row 1 + w  worker w: CMD_SEQ CMD ARG_LEN STATUS RESULT_LEN DONE_SEQ
                                  CMD_SLEEPERS ENV_AT
     actions         one buffer per leaf of the action space, (n_envs, *shape)
@@ -20,6 +21,8 @@ computed identically on both sides by :class:`shmvec._layout.Layout`)::
                     values of leaves without a fixed size (below)
     action masks    bool (n_envs, mask_size), only with action masks on
                     (shmvec._masks; mask_size travels in the attach message)
+    lease blocks    K more sets of observation buffers, only with zero_copy on
+                    (shmvec._leases; K travels in the attach message)
 
 Worker w owns the envs ``[start_w, stop_w)``: a contiguous slice.
 
@@ -33,14 +36,15 @@ Between commands every worker is idle and the parent owns every buffer.
              sends it through the worker's pipe right after step 3; the worker
              reads it first in step 5, watching CMD_SEQ as for a rare command);
              PARENT_CPU <- its core (STEP with a parent that sleeps) or NO_CPU;
-             EARLY_WAKE <- 0
+             EARLY_WAKE <- 0; OBS_BLOCK <- the block the observations go to
+             (0, or a lease block: shmvec._leases)
           2. PENDING <- n_workers            (no worker reads it yet)
           3. per worker: CMD[w] <- code; CMD_SEQ[w] <- seq (release); then, once
              every worker has its command, per worker:
              wake_sleepers(CMD_SEQ[w], CMD_SLEEPERS[w])
   worker  4. waits while CMD_SEQ[w] == last seen (acquire): steps 1-3 are visible
-          5. steps its envs, writes observations, rewards, flags, terminal
-             observations of its own slice; encodes (or pickles) the non-empty
+          5. steps its envs, writes observations (into block OBS_BLOCK), rewards,
+             flags, terminal observations of its own slice; encodes (or pickles) the non-empty
              infos into mailbox w, RESULT_LEN[w] <- length (RESULT_IN_PIPE when
              they do not fit); STATUS[w] <- OK or ERROR.  The exception (ERROR)
              or the infos too large for the mailbox are only kept for now
@@ -225,6 +229,7 @@ PENDING = 0
 PARENT_SLEEPERS = 1
 PARENT_CPU = 2
 EARLY_WAKE = 3
+OBS_BLOCK = 4  # where this command's observations go: 0, or a lease block (shmvec._leases)
 NO_CPU = 0xFFFFFFFF
 # Each row is one cache line of 16 uint32 words.
 ROW_WORDS = 16

@@ -304,7 +304,7 @@ class Restarts:
         layout = e.layout
         conn = e.workers.conns[w]
         conn.send((P.Pipe.ATTACH_FD, (layout.n_envs, e.n_workers, layout.mailbox_bytes, layout.mask_size,
-                                      e.masks_live)))
+                                      e.masks_live, layout.obs_blocks)))
         reduction.send_handle(conn, e.workers.block_fd(), e.workers.processes[w].pid)
 
     def reset_restarted(self, workers: list[int], command: str) -> dict[int, dict]:

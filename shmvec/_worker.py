@@ -176,11 +176,12 @@ class _Worker:
 
     # ---- set-up --------------------------------------------------------------------------------
     def attach(self, shm_name: str | None, n_envs: int, n_workers: int, mailbox_bytes: int, mask_size: int = 0,
-               masks_on: bool = True, fd: int | None = None) -> None:
+               masks_on: bool = True, obs_blocks: int = 0, fd: int | None = None) -> None:
         """Maps the block by name, or (a restarted worker: the name is gone) from the descriptor ``fd``."""
         env = self.envs[0]
         self.shm = SharedMemory(name=shm_name) if fd is None else FdSegment(fd)
-        layout = Layout(env.observation_space, env.action_space, n_envs, n_workers, mailbox_bytes, mask_size)
+        layout = Layout(env.observation_space, env.action_space, n_envs, n_workers, mailbox_bytes, mask_size,
+                        obs_blocks)
         views = layout.views(self.shm.buf)
         self.masks = views.mask  # None unless the block has a mask buffer
         self.masks_on = masks_on and self.masks is not None
@@ -199,8 +200,11 @@ class _Worker:
             self.read_actions = lambda: _unbatch(env.action_space, act_slice(own), n)
         else:
             self.read_actions = lambda: list(act_slice(own))
-        # Each observation written sets ENV_AT to the next env: the env a step loop is in.
-        self.write_obs = make_scatter(env.observation_space, views.obs, "observation", (self.words, self._env_at))
+        # Each observation written sets ENV_AT to the next env: the env a step loop is in.  One
+        # writer per observation block; each command's OBS_BLOCK word picks one (shmvec._leases).
+        self.obs_writers = [make_scatter(env.observation_space, block, "observation", (self.words, self._env_at))
+                            for block in views.obs_blocks]
+        self.write_obs = self.obs_writers[0]
         self.write_term = make_scatter(env.observation_space, views.term_obs, "observation")
         if layout.act_pickled:  # the step's pickled actions come first (shmvec._pickled_leaves)
             read_actions = self.read_actions
@@ -217,6 +221,7 @@ class _Worker:
             self.pool.detach()
             self.pool = None
         self.read_actions = self.write_obs = self.write_term = None  # type: ignore[assignment]
+        self.obs_writers = []
         self.leaves = None
         self.rew = self.terminated = self.truncated = None  # type: ignore[assignment]
         self.masks = None
@@ -278,6 +283,7 @@ class _Worker:
         status, result_len = P.Status.OK, 0
         # ENV_AT: the slice's first env; the step loops' write_obs moves it on, env by env.
         words.store(self._env_at, self.start)
+        self.write_obs = self.obs_writers[words.load(P.OBS_BLOCK)]  # where this command's observations go
         try:
             result_len = self._put_result(body())
         except BaseException as exc:  # an env's sys.exit() too: the parent decides what it means

@@ -35,6 +35,7 @@ from shmvec import _crash
 from shmvec import _protocol as P
 from shmvec._errors import ShmVecEnvError, SpaceError, WorkerDiedError, WorkerStacks, describe_exitcode
 from shmvec._layout import Layout, check_same_spaces, close_mapping, same_shapes
+from shmvec._leases import lease_count
 from shmvec._masks import resolve as resolve_masks
 from shmvec._options import Options
 from shmvec._registrations import explain_not_found
@@ -196,15 +197,18 @@ class WorkerSet:
             check_same_spaces(self.slices[w].start, (obs_space, a), 0, (obs_space, act_space))
         self.observation_spaces = env_observation_spaces(hellos, self.slices, observation_mode)
         mask_size = resolve_masks(opts.action_masks, all(h[4] for h in hellos), act_space)
-        layout = Layout(obs_space, act_space, self.slices[-1].stop, n, opts.mailbox_bytes, mask_size)
-        shm = self.create_block(layout.nbytes)
+        n_envs = self.slices[-1].stop
+        layout = Layout(obs_space, act_space, n_envs, n, opts.mailbox_bytes, mask_size,
+                        lease_count(opts.zero_copy, obs_space, n_envs))
+        shm = self.create_block(layout.nbytes, layout.base_nbytes)
         # Handshake 2: every worker attaches; then the name is unlinked, so no segment outlives us.
         # The words exist first: a worker that has attached serves them, and only a CLOSE posted
         # there reaches it if this is interrupted (on the pipe it would wait 5 s for SIGTERM).
         self.words = Words(shm.buf, layout.ctrl_offset, layout.ctrl_words)
         self.ready = set()
         for conn in self.conns:
-            conn.send((P.Pipe.ATTACH, (shm.name, layout.n_envs, n, opts.mailbox_bytes, mask_size, masks_live)))
+            conn.send((P.Pipe.ATTACH, (shm.name, layout.n_envs, n, opts.mailbox_bytes, mask_size, masks_live,
+                                       layout.obs_blocks)))
         self.note_groups(range(n))
         for w in range(n):
             channel.recv(w, "attach", START_HINT)
@@ -215,9 +219,12 @@ class WorkerSet:
     def refresh_sentinels(self) -> None:
         self.sentinels = {p.sentinel: w for w, p in enumerate(self.processes)}
 
-    def create_block(self, nbytes: int) -> SharedMemory:
-        """The shared block, its pages reserved now (ENOSPC here, not SIGBUS mid-step)."""
+    def create_block(self, nbytes: int, reserve: int | None = None) -> SharedMemory:
+        """The shared block, the pages of its first ``reserve`` bytes (default all) reserved now
+        (ENOSPC here, not SIGBUS mid-step); the lease blocks after them are reserved when first
+        used (shmvec._leases)."""
         self.shm = shm = SharedMemory(name=f"shmvec_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=nbytes)
+        nbytes = nbytes if reserve is None else reserve
         try:
             os.posix_fallocate(shm._fd, 0, nbytes)
         except (AttributeError, OSError) as exc:

@@ -251,7 +251,7 @@ class ShmEnvPool(Uncopyable):
         self._in_flight_u8 = self._in_flight.view(np.uint8)
         self._owner = np.asarray(engine.owner, dtype=np.int64)
         self._starts_i64 = np.asarray(self._starts, dtype=np.int64)
-        self._spin = engine.parent_spin_s
+        self._spin = engine.options.parent_spin_s
         self._infos = InfoBatch(batch_size)
 
     def _attach_pool(self, engine: Engine, info_bytes: int) -> None:

@@ -104,6 +104,14 @@ class ShmVecEnv(Uncopyable, VecEnv):
         :meth:`action_masks`): until then no ``action_masks()`` is called, as with
         ``DummyVecEnv`` (a plain PPO on such envs calls none).  True: on from the start.
         False: off (``env_method("action_masks")`` goes through the pipe like any other call).
+    :param zero_copy: with ``copy=True``, hand out the observations in the shared memory the
+        workers wrote them to, without copying them, and never let a later step write into
+        memory whose observations you still hold (any array or view of them): the workers write
+        into another block of shared memory, up to 8 (and 1 GiB), then into one that is copied
+        as without it (docs/design.md, "Observations without the copy").  None (default): on when
+        a step's observations weigh 16 KiB or more (images), where it is faster.  True: on
+        whatever the size.  False: off.  It cannot go with ``copy=False``, ``on_failure="restart"``
+        or observations without a fixed size (``Text``, ...).
 
     :raises TypeError: ``env_fns`` holds something that is not callable (an env instance).
     :raises UnpicklableFactoryError: a factory cannot be pickled; the message names the object.
@@ -134,6 +142,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         cpu_affinity: bool | Sequence[int | Sequence[int]] | None = None,
         preload: Sequence[str] | None = None,
         action_masks: bool | None = None,
+        zero_copy: bool | None = None,
     ) -> None:
         self._engine = engine = Engine(
             env_fns, batch_dict=collections.OrderedDict, pickled_batch=stack_values, public_name=type(self).__name__,
@@ -141,7 +150,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
             start_method=start_method, copy=copy, worker_threads=worker_threads, timeout=timeout, spin_us=spin_us,
             mailbox_bytes=mailbox_bytes, on_failure=on_failure, max_restarts=max_restarts,
             invalid_actions=invalid_actions, envs_per_worker=envs_per_worker, cpu_affinity=cpu_affinity,
-            preload=preload, action_masks=action_masks,
+            preload=preload, action_masks=action_masks, zero_copy=zero_copy,
         )
         self._seed_arg: Any = None
         self._options_arg: Any = None
@@ -202,7 +211,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
                 self.reset_infos[i] = info
         self._reset_seeds()
         self._reset_options()
-        obs = engine.obs_copy(slice(None)) if engine.options.copy else engine.obs_view(slice(None))
+        obs = engine.obs_out(engine.options.copy)
         return engine.restarts.remember(obs) if engine.restarts is not None else obs
 
     @serialized
@@ -281,10 +290,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         term = engine.term_leaf
         for i in done_indices:
             infos[i]["terminal_observation"] = term[i].copy() if term is not None else engine.term_obs(i)
-        if not engine.options.copy:
-            obs = engine.obs_view(slice(None))
-        else:
-            obs = engine.obs_leaf.copy() if engine.obs_leaf is not None else engine.obs_copy(slice(None))
+        obs = engine.obs_out(engine.options.copy)
         if engine.restarts is not None:
             engine.restarts.remember(obs)
         return obs, engine.views.rew.astype(np.float32), dones, infos

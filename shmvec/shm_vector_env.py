@@ -231,6 +231,9 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         ``"Disabled"``).
     :param copy: when True (default), observations returned are arrays of their own; when False
         they are views of the shared buffers that **the next step overwrites**.
+    :param zero_copy: with ``copy=True``, observations handed out without a copy, in shared memory
+        that no later step writes into while you hold them: as for :class:`shmvec.ShmVecEnv`
+        (None, the default: on for observations of 16 KiB a step or more).
     :param n_workers, start_method, worker_threads, timeout, spin_us, mailbox_bytes: as for
         :class:`shmvec.ShmVecEnv`; so are further keyword arguments (``envs_per_worker``,
         ``cpu_affinity``, ``preload``, ...).  ``timeout`` breaks the vector env when workers do
@@ -280,6 +283,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         context: str | None = None,
         observation_mode: str | tuple[gym.Space, gym.Space] = "same",
         max_concurrency: int | None = None,
+        zero_copy: bool | None = None,
         shared_memory: bool = True,
         daemon: bool = True,
         worker: Any = None,
@@ -304,7 +308,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         self._engine = engine = gym_engine(
             env_fns, _WORKER_MODE[self.autoreset_mode], owner.__name__, n_workers=n_workers,
             start_method=start_method, copy=copy, worker_threads=worker_threads, timeout=timeout, spin_us=spin_us,
-            mailbox_bytes=mailbox_bytes, observation_mode=mode, **engine_kwargs,
+            mailbox_bytes=mailbox_bytes, observation_mode=mode, zero_copy=zero_copy, **engine_kwargs,
         )
         self.num_envs = engine.num_envs
         self.context = engine.options.start_method
@@ -617,7 +621,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
     def _observations(self) -> Any:
         engine = self._engine
         assert engine is not None
-        return engine.obs_copy(slice(None)) if self.copy else engine.obs_view(slice(None))
+        return engine.obs_out(self.copy)
 
 
 def _callable_by_name(name: str) -> None:

@@ -502,3 +502,18 @@ def test_structured_observation_batches_have_the_references_container_types(kind
         assert containers[4] == containers[3]
     finally:
         close_all(*envs)
+
+
+@pytest.mark.parametrize("obs_kind", ["box", "image", "discrete", "dict", "tuple"])
+def test_matches_dummy_vec_env_with_zero_copy(obs_kind):
+    """zero_copy=True: observations handed out from lease blocks, still DummyVecEnv's step for step."""
+    act_kind = ACT_FOR_OBS.get(obs_kind, "discrete")
+    fns = testenvs.spaces_env_fns(obs_kind, act_kind, 5)
+    ref = DummyVecEnv(fns)
+    env = None
+    try:
+        env = ShmVecEnv(fns, n_workers=2, start_method="fork", zero_copy=True)
+        _check_coverage(run_lockstep(ref, env, options=_options(5)))
+        assert env._engine.leases.grown >= 2
+    finally:
+        close_all(env, ref)

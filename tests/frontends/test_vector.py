@@ -485,3 +485,21 @@ def test_final_obs_of_scalar_leaves_has_the_references_types(kind):
             assert_same(terminal, terminal_ref)
     finally:
         close_all(*[e for pair in pairs for e in pair])
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+@pytest.mark.parametrize("obs_kind", ["image", "nested"])
+def test_matches_sync_vector_env_with_zero_copy(mode, obs_kind):
+    """zero_copy=True (observations handed out from lease blocks): still SyncVectorEnv's, step for
+    step, masked resets (the envs not reset keep their observation) included."""
+    fns = testenvs.spaces_env_fns(obs_kind, ACT_FOR_OBS[obs_kind], 5)
+    ref = SyncVectorEnv(fns, autoreset_mode=mode)
+    env = None
+    try:
+        env = ShmVectorEnv(fns, autoreset_mode=mode, n_workers=2, start_method="fork", zero_copy=True)
+        assert env._engine.leases is not None
+        cov = run_lockstep(ref, env)
+        assert (cov.masked_resets > 0) == (mode == AutoresetMode.DISABLED)
+        assert env._engine.leases.grown >= 2  # the observations came from lease blocks
+    finally:
+        close_all(env, ref)
