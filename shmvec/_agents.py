@@ -25,6 +25,15 @@ SuperSuit's ``pad_observations_v0``/``pad_action_space_v0`` do: observations zer
 largest shape, ``Discrete`` actions to the largest ``n`` (an action out of an agent's own range
 becomes 0), ``Box`` actions cut to the agent's own shape.  AEC envs are converted with
 PettingZoo's ``aec_to_parallel`` when their metadata says ``is_parallelizable``.
+
+Action masks (sb3-contrib's ``MaskablePPO``), in either of PettingZoo's two conventions: an
+agent's observation is a ``Dict`` of ``"observation"`` and ``"action_mask"`` (the row's
+observation is then the ``"observation"`` part), or its info has an ``"action_mask"``.
+:meth:`AgentsEnv.action_masks` returns every agent's mask of its last reset or step, flat and in
+``possible_agents`` order (MaskablePPO's layout for the stacked ``MultiDiscrete``), and the
+engine's mask machinery (:mod:`shmvec._masks`) takes it into shared memory.  An agent without a
+mask this step (inactive, or none given) has every action allowed; with ``pad=True`` the actions
+past an agent's own ``n`` are not.
 """
 
 from __future__ import annotations
@@ -100,13 +109,23 @@ def _pad(arr: np.ndarray, shape: tuple[int, ...], value: Any) -> np.ndarray:
     return np.pad(arr, [(0, n - o) for n, o in zip(shape, arr.shape)], constant_values=value)
 
 
+MASK_KEY = "action_mask"
+
+
+def masked_dict(space: spaces.Space) -> bool:
+    """Whether ``space`` is PettingZoo's masked observation: a ``Dict`` of ``observation`` and ``action_mask``."""
+    return isinstance(space, spaces.Dict) and set(space.spaces) == {"observation", MASK_KEY}
+
+
 def agent_spaces(env: Any, what: str, pad: bool) -> tuple[spaces.Space, list[spaces.Space]]:
-    """The one per-agent ``what`` space (``"observation"`` or ``"action"``), and each agent's own.
+    """The one per-agent ``what`` space (``"observation"`` or ``"action"``), and each agent's own
+    (of a masked observation: its ``"observation"`` part).
 
     :raises SpaceError: the agents' spaces differ (naming them) and ``pad`` is False, or cannot be padded.
     """
     agents = list(env.possible_agents)
     own = [getattr(env, f"{what}_space")(a) for a in agents]
+    own = [s["observation"] if masked_dict(s) else s for s in own]
     if all(s == own[0] for s in own):
         common = own[0]
     elif pad:
@@ -170,9 +189,17 @@ class AgentsEnv(gym.Env):
         self.possible_agents = agents = list(env.possible_agents)
         self._index = {agent: k for k, agent in enumerate(agents)}
         self.n_agents = n = len(agents)
+        self._mask_in_obs = [masked_dict(env.observation_space(a)) for a in agents]
+        self.masked_observations = any(self._mask_in_obs)  # (ShmParallelEnv refuses them)
         obs_space, self._own_obs = agent_spaces(env, "observation", pad)
         act_space, self._own_act = agent_spaces(env, "action", pad)
         self._discrete_act = isinstance(act_space, spaces.Discrete)
+        # Each agent's mask of the last reset or step (action_masks()); Discrete actions only.
+        self._all_allowed = np.ones((n, int(act_space.n) if self._discrete_act else 0), dtype=np.bool_)
+        for k, own_act in enumerate(self._own_act):
+            if self._discrete_act:
+                self._all_allowed[k, int(own_act.n):] = False  # padded actions past the agent's own
+        self._masks = self._all_allowed.copy()
         self._pad_obs = [s != obs_space for s in self._own_obs]
         self._pad_act = [s != act_space for s in self._own_act]
         flag = spaces.Box(0, 1, (n,), dtype=np.bool_)
@@ -196,18 +223,41 @@ class AgentsEnv(gym.Env):
         """Sets ``name`` on the ``ParallelEnv`` (the front-end's ``set_attr``)."""
         setattr(self.par_env, name, value)
 
+    def env_call(self, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """The ``ParallelEnv``'s ``name`` called with the arguments, or returned if not callable
+        (Gymnasium's ``VectorEnv.call``; this wrapper's own names do not hide the env's)."""
+        attr = getattr(self.par_env, name)
+        return attr(*args, **(kwargs or {})) if callable(attr) else attr
+
+    def action_masks(self) -> np.ndarray:
+        """Every agent's mask of the last reset or step, flat (see the module docstring)."""
+        return self._masks.reshape(-1)
+
+    def _take_mask(self, k: int, mask: Any) -> None:
+        own = int(self._own_act[k].n)
+        self._masks[k, :own] = np.asarray(mask, dtype=np.bool_).reshape(-1)[:own]
+
     # ---- the stack ------------------------------------------------------------------------------------
-    def _stack(self, obs: dict, rews: dict | None, terms: dict | None, truncs: dict | None) -> dict:
+    def _stack(self, obs: dict, rews: dict | None, terms: dict | None, truncs: dict | None,
+               infos: dict) -> dict:
         n = self.n_agents
         out_obs = np.zeros(self._obs_shape, dtype=self._obs_dtype)
         rew = np.zeros(n, dtype=np.float32)
         term = np.zeros(n, dtype=np.bool_)
         trunc = np.zeros(n, dtype=np.bool_)
         active = np.zeros(n, dtype=np.bool_)
+        self._masks[:] = self._all_allowed
         for k, agent in enumerate(self.possible_agents):
             if agent not in obs:
                 continue  # black death (or not born yet): zeros, inactive
             value = obs[agent]
+            if self._mask_in_obs[k]:
+                if self._discrete_act:
+                    self._take_mask(k, value[MASK_KEY])
+                value = value["observation"]
+            info = infos.get(agent)
+            if info and MASK_KEY in info and self._discrete_act:
+                self._take_mask(k, info[MASK_KEY])
             if self._pad_obs[k]:
                 value = _pad(value, self._obs_shape[1:], 0)
             out_obs[k] = value
@@ -225,7 +275,8 @@ class AgentsEnv(gym.Env):
     # ---- Gymnasium API ----------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         obs, infos = self.par_env.reset(seed=seed, options=options)
-        return self._stack(obs, None, None, None), self._infos(infos or {})
+        infos = infos or {}
+        return self._stack(obs, None, None, None, infos), self._infos(infos)
 
     def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, dict]:
         env = self.par_env
@@ -242,12 +293,13 @@ class AgentsEnv(gym.Env):
                     a = a[tuple(slice(0, d) for d in self._own_act[k].shape)]
             acts[agent] = a
         obs, rews, terms, truncs, infos = env.step(acts)
-        stacked = self._stack(obs, rews, terms, truncs)
+        infos = infos or {}
+        stacked = self._stack(obs, rews, terms, truncs, infos)
         ended_now = [a for a in set(terms) | set(truncs) if terms.get(a) or truncs.get(a)]
         alive = [a for a in env.agents if not (terms.get(a) or truncs.get(a))]
         ended = not alive
         truncated = ended and bool(ended_now) and all(truncs.get(a) and not terms.get(a) for a in ended_now)
-        return stacked, 0.0, ended and not truncated, truncated, self._infos(infos or {})
+        return stacked, 0.0, ended and not truncated, truncated, self._infos(infos)
 
     def render(self) -> Any:
         return self.par_env.render()

@@ -76,7 +76,7 @@ MAX_BLOCKS = 8
 #: ... and at most this many bytes in all of them (the pages of a block are reserved when it is first used).
 MAX_BYTES = 1 << 30
 #: zero_copy=None: on when one step's observations (all envs, all leaves) weigh at least this many bytes.
-AUTO_MIN_BYTES = 16 << 10
+AUTO_MIN_BYTES = 32 << 10
 
 _refs = sys.getrefcount
 

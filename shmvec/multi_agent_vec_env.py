@@ -27,7 +27,8 @@ from shmvec._restarts import RESTART_INFO_KEY
 from shmvec._errors import NoAsyncCallError
 from shmvec._seeds import per_env_seeds
 from shmvec._state import serialized
-from shmvec.shm_vec_env import rendered_images
+from shmvec._masks import METHOD as MASKS_METHOD
+from shmvec.shm_vec_env import rendered_images, served_masks
 
 __all__ = ["ShmMultiAgentVecEnv", "agents_engine", "agent_step_values"]
 
@@ -38,11 +39,10 @@ def agents_engine(env_fns: Sequence[Callable[[], Any]], pad: bool, public_name: 
                   **options: Any) -> tuple[Engine, list[str]]:
     """An :class:`Engine` of :class:`shmvec._agents.AgentsEnv`s built from ``env_fns``, and the
     envs' ``possible_agents`` (the multi-agent front-ends' shared construction).  ``options``
-    are the engine's (every ``ShmVecEnv`` option but ``action_masks``).  Closes what it built
-    if reading the agents fails."""
+    are the engine's (every ``ShmVecEnv`` option).  Closes what it built if reading the agents
+    fails."""
     factories = [AgentsFactory(fn, i, pad) for i, fn in enumerate(env_fns)]
-    engine = Engine(factories, batch_dict=collections.OrderedDict, public_name=public_name,
-                    action_masks=False, **options)
+    engine = Engine(factories, batch_dict=collections.OrderedDict, public_name=public_name, **options)
     try:
         agents = list(engine.call(P.Call.GET_ATTR, [0], ("possible_agents",))[0])
     except BaseException:
@@ -92,8 +92,14 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
     :param pad: agents whose spaces differ are refused (a ``SpaceError`` naming them) unless True:
         then observations are zero-padded to the largest shape and ``Discrete`` actions padded to
         the largest ``n`` (SuperSuit's ``pad_observations_v0``/``pad_action_space_v0``).
-    :param options: every option of :class:`shmvec.ShmVecEnv` but ``action_masks`` (workers,
-        start method, copy, timeouts, restarts, ...), with the same meaning.
+    :param action_masks: serve ``env_method("action_masks")`` (``MaskablePPO``) from shared
+        memory, one mask per row: each agent's ``"action_mask"``, from its observation (a ``Dict``
+        of ``"observation"`` and ``"action_mask"``, whose ``"observation"`` is then the row's
+        observation) or its info, every action allowed where an agent has none (inactive, or no
+        mask given).  None (default): from the first ask, for ``Discrete`` agent actions; False:
+        off.  As :class:`shmvec.ShmVecEnv`'s option otherwise.
+    :param options: every other option of :class:`shmvec.ShmVecEnv` (workers, start method,
+        copy, timeouts, restarts, ...), with the same meaning.
 
     :raises TypeError: a factory returns no PettingZoo env, or an AEC env that is not parallelizable.
     :raises SpaceError: the agents' spaces differ (and ``pad`` is False), or are not Box/Discrete.
@@ -118,12 +124,13 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
         envs_per_worker: int | None = None,
         cpu_affinity: bool | Sequence[int | Sequence[int]] | None = None,
         preload: Sequence[str] | None = None,
+        action_masks: bool | None = None,
     ) -> None:
         engine, self.possible_agents = agents_engine(
             env_fns, pad, type(self).__name__, n_workers=n_workers, start_method=start_method, copy=copy,
             worker_threads=worker_threads, timeout=timeout, spin_us=spin_us, mailbox_bytes=mailbox_bytes,
             on_failure=on_failure, max_restarts=max_restarts, invalid_actions=invalid_actions,
-            envs_per_worker=envs_per_worker, cpu_affinity=cpu_affinity, preload=preload,
+            envs_per_worker=envs_per_worker, cpu_affinity=cpu_affinity, preload=preload, action_masks=action_masks,
         )
         self._engine = engine
         self.pad = pad
@@ -312,8 +319,26 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
 
     @serialized
     def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None, **method_kwargs) -> list[Any]:
-        """Calls the method of the ``ParallelEnv`` of each row, once per env; one answer per row."""
+        """Calls the method of the ``ParallelEnv`` of each row, once per env; one answer per row.
+        ``env_method("action_masks")`` answers each row's mask from shared memory (``action_masks``)."""
+        if method_name == MASKS_METHOD and self.masks_in_shm and not method_args and not method_kwargs:
+            return list(self.action_masks(indices))
         return self._by_row(P.Call.ENV_METHOD, indices, (method_name, method_args, method_kwargs))
+
+    @property
+    def masks_in_shm(self) -> bool:
+        """Whether action masks are served from shared memory (the ``action_masks`` option)."""
+        return self._engine is not None and self._engine.masks_in_shm
+
+    @serialized
+    def action_masks(self, indices: VecEnvIndices = None) -> np.ndarray:
+        """Each row's action mask of the last reset or step, bool ``(len(indices), n_actions)``.
+
+        :raises ShmVecEnvError: action masks are off (``Box`` actions, or ``action_masks=False``).
+        :raises ClosedVecEnvError, BrokenVecEnvError, AlreadyPendingCallError: misuse.
+        """
+        masks = served_masks(self._engine, type(self).__name__).reshape(self.num_envs, -1)
+        return masks.copy() if indices is None else masks[list(self._row_indices(indices))]
 
     @serialized
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:

@@ -15,9 +15,11 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
+from shmvec import _protocol as P
 from shmvec._agents import agent_space
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
+from shmvec._errors import SpaceError
 from shmvec._seeds import per_env_seeds
 from shmvec._state import serialized
 from shmvec.multi_agent_vec_env import agent_step_values, agents_engine
@@ -52,6 +54,9 @@ class ShmParallelEnv(Uncopyable):
     :param env_fns: callables that each build a new PettingZoo ``ParallelEnv`` (or a parallelizable AEC env).
     :param pad: as ``ShmMultiAgentVecEnv``'s (agents with different spaces are padded to one).
     :param options: every option of :class:`shmvec.ShmVecEnv` but ``action_masks``.
+    :raises SpaceError: as ``ShmMultiAgentVecEnv``; also for observations that carry action masks
+        (a ``Dict`` of ``"observation"`` and ``"action_mask"``), which this face does not hand back
+        yet (``ShmMultiAgentVecEnv`` serves them to MaskablePPO).
     """
 
     _engine: Engine | None = None  # class-level: close() and __del__ are safe on a half-built object
@@ -60,6 +65,13 @@ class ShmParallelEnv(Uncopyable):
     def __init__(self, env_fns: Sequence[Callable[[], Any]], pad: bool = False, **options: Any) -> None:
         engine, agents = agents_engine(env_fns, pad, type(self).__name__, **options)
         self._engine = engine
+        self.render_mode = engine.call(P.Call.GET_ATTR, [0], ("render_mode",))[0]
+        if engine.call(P.Call.GET_ATTR, [0], ("masked_observations",))[0]:
+            self.close()
+            raise SpaceError(
+                f"{type(self).__name__} does not hand back the action masks of observations that carry them (a Dict "
+                "of 'observation' and 'action_mask'): use ShmMultiAgentVecEnv, whose action_masks() serves them "
+                "(MaskablePPO), or put the mask in the agents' infos.")
         self.pad = pad
         self.possible_agents = agents
         self.num_envs = n_envs = engine.num_envs
@@ -189,6 +201,46 @@ class ShmParallelEnv(Uncopyable):
             terminations[agent] = env_done & ~timelimit[:, k]
             truncations[agent] = env_done & timelimit[:, k]
         return self._obs(engine), rewards, terminations, truncations, infos
+
+    # ---- calls to every env ---------------------------------------------------------------------------
+    @serialized
+    def render(self) -> tuple:
+        """Each env's ``render()``, a tuple over envs (as Gymnasium's vector envs return frames)."""
+        return tuple(self._engine.call(P.Call.RENDER, None, ()))
+
+    @serialized
+    def state(self) -> np.ndarray:
+        """Each env's ``state()`` (PettingZoo's global state), stacked over envs."""
+        return np.stack(self.call("state"))
+
+    @serialized
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple:
+        """Each ``ParallelEnv``'s ``name`` called with the arguments, or its value when it is not
+        callable: a tuple over envs (Gymnasium's ``VectorEnv.call``).
+
+        :raises: what the env raised (``AttributeError`` for a name it lacks).
+        """
+        return tuple(self._engine.call(P.Call.ENV_METHOD, None, ("env_call", (name, args, kwargs), {})))
+
+    @serialized
+    def get_attr(self, name: str) -> tuple:
+        """Each ``ParallelEnv``'s attribute ``name``, a tuple over envs."""
+        return tuple(self._engine.call(P.Call.ENV_METHOD, None, ("env_call", (name,), {})))
+
+    @serialized
+    def set_attr(self, name: str, values: Any) -> None:
+        """Sets ``name`` on every ``ParallelEnv``: a list or tuple gives one value per env, anything
+        else the same value to all (Gymnasium's ``VectorEnv.set_attr``).
+
+        :raises ValueError: a list whose length is not the number of envs.
+        """
+        if not isinstance(values, (list, tuple)):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(f"values must have one entry per env ({self.num_envs}), got {len(values)}")
+        engine = self._engine
+        for e, value in enumerate(values):
+            engine.call(P.Call.ENV_METHOD, [e], ("set_env_attr", (name, value), {}))
 
     # ---- lifetime ------------------------------------------------------------------------------------
     def close(self) -> None:

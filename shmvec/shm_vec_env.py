@@ -31,6 +31,30 @@ from shmvec._state import IDLE, serialized
 __all__ = ["ShmVecEnv"]
 
 
+def served_masks(engine: Engine, owner: str) -> np.ndarray:
+    """The mask buffer in shared memory (a view), the workers writing into it from now on (the
+    first ask turns them on: shmvec._masks).
+
+    :raises ShmVecEnvError: action masks are off for this vec env (``owner``: the class in hand).
+    :raises ClosedVecEnvError, BrokenVecEnvError, AlreadyPendingCallError: misuse.
+    """
+    engine.check_usable()
+    if not engine.masks_in_shm:
+        raise ShmVecEnvError(
+            f"action masks are off for this {owner} (its envs have no action_masks() method, or "
+            "action_masks=False): call env_method('action_masks') instead.")
+    engine.check_idle("action_masks")
+    if not engine.masks_live:  # the first ask: the workers write them now, and after every step
+        try:
+            engine.call(P.Call.ACTION_MASKS, None, ())
+        except Exception:
+            if engine.status.failure is None:  # one worker's envs failed: the others go back to off
+                engine.call(P.Call.ACTION_MASKS_OFF, None, ())
+            raise
+        engine.masks_live = True
+    return engine.views.mask
+
+
 def rendered_images(engine: Engine, render_mode: str | None, n_envs: int) -> list:
     """SB3's ``VecEnv.get_images``: each env's ``render()``, or ``n_envs`` Nones (with SB3's warning)
     when the render mode is not ``rgb_array``."""
@@ -109,7 +133,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         memory whose observations you still hold (any array or view of them): the workers write
         into another block of shared memory, up to 8 (and 1 GiB), then into one that is copied
         as without it (docs/design.md, "Observations without the copy").  None (default): on when
-        a step's observations weigh 16 KiB or more (images), where it is faster.  True: on
+        a step's observations weigh 32 KiB or more (images), where it is faster.  True: on
         whatever the size.  False: off.  It cannot go with ``copy=False``, ``on_failure="restart"``
         or observations without a fixed size (``Text``, ...).
 
@@ -349,24 +373,8 @@ class ShmVecEnv(Uncopyable, VecEnv):
         :raises ClosedVecEnvError, BrokenVecEnvError, AlreadyPendingCallError: misuse.
         """
         engine = self._engine
-        engine.check_usable()
-        if not engine.masks_in_shm:
-            raise ShmVecEnvError(
-                f"action masks are off for this {type(self).__name__} (its envs have no action_masks() method, or "
-                "action_masks=False): call env_method('action_masks') instead."
-            )
-        engine.check_idle("action_masks")
-        if not engine.masks_live:  # the first ask: the workers write them now, and after every step
-            try:
-                engine.call(P.Call.ACTION_MASKS, None, ())
-            except Exception:
-                if engine.status.failure is None:  # one worker's envs failed: the others go back to off
-                    engine.call(P.Call.ACTION_MASKS_OFF, None, ())
-                raise
-            engine.masks_live = True
-        if indices is None:
-            return engine.views.mask.copy()
-        return engine.views.mask[list(engine.indices(indices))]
+        masks = served_masks(engine, type(self).__name__)
+        return masks.copy() if indices is None else masks[list(engine.indices(indices))]
 
     # ---- seeds and plain-data description ------------------------------------------------------------
     @serialized

@@ -233,7 +233,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         they are views of the shared buffers that **the next step overwrites**.
     :param zero_copy: with ``copy=True``, observations handed out without a copy, in shared memory
         that no later step writes into while you hold them: as for :class:`shmvec.ShmVecEnv`
-        (None, the default: on for observations of 16 KiB a step or more).
+        (None, the default: on for observations of 32 KiB a step or more).
     :param n_workers, start_method, worker_threads, timeout, spin_us, mailbox_bytes: as for
         :class:`shmvec.ShmVecEnv`; so are further keyword arguments (``envs_per_worker``,
         ``cpu_affinity``, ``preload``, ...).  ``timeout`` breaks the vector env when workers do

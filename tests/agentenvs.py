@@ -113,3 +113,66 @@ class Faulty(DyingAgents):
                     open(self.marker, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
         return super().step(actions)
+
+
+class MaskedAgents(DyingAgents):
+    """Agents with action masks, in either of PettingZoo's conventions (``mask_in``: ``"obs"``, a
+    Dict of ``observation`` and ``action_mask``; or ``"info"``): a random non-empty subset of the 4
+    actions is allowed per agent and step, and a step with a disallowed action raises."""
+
+    metadata = {"name": "masked_agents_v0", "render_modes": []}
+
+    def __init__(self, mask_in: str = "obs", n_agents: int = 3, max_steps: int = 12, max_life: int = 10):
+        super().__init__(n_agents, max_steps, max_life)
+        self.mask_in = mask_in
+        self._act_space = spaces.Discrete(4)
+        self._masked_space = spaces.Dict({"observation": self._obs_space,
+                                          "action_mask": spaces.Box(0, 1, (4,), dtype=np.int8)})
+        self.masks: dict = {}
+
+    def observation_space(self, agent):
+        return self._masked_space if self.mask_in == "obs" else self._obs_space
+
+    def _mask(self, agent):
+        mask = self.rng.integers(0, 2, 4).astype(np.int8)
+        mask[self.rng.integers(4)] = 1
+        self.masks[agent] = mask
+        return mask
+
+    def _with_masks(self, obs, infos):
+        self.masks = {}  # the masks of the agents in these observations
+        for a in list(obs):
+            mask = self._mask(a)
+            if self.mask_in == "obs":
+                obs[a] = {"observation": obs[a], "action_mask": mask}
+            else:
+                infos[a] = {**(infos.get(a) or {}), "action_mask": mask}
+        return obs, infos
+
+    def reset(self, seed=None, options=None):
+        obs, infos = super().reset(seed, options)
+        return self._with_masks(obs, dict(infos))
+
+    def step(self, actions):
+        for a, act in actions.items():
+            if not self.masks[a][act]:
+                raise ValueError(f"{a} took action {act}, which its mask {self.masks[a]} does not allow")
+        obs, rews, terms, truncs, infos = super().step(actions)
+        obs, infos = self._with_masks(obs, dict(infos))
+        return obs, rews, terms, truncs, infos
+
+
+class RenderedAgents(DyingAgents):
+    """DyingAgents with ``render_mode="rgb_array"`` frames and a global ``state()`` that follow its episode."""
+
+    metadata = {"name": "rendered_agents_v0", "render_modes": ["rgb_array"]}
+
+    def __init__(self, n_agents: int = 2):
+        super().__init__(n_agents, 12, 10)
+        self.render_mode = "rgb_array"
+
+    def render(self):
+        return np.full((4, 5, 3), (self.t * 7 + int(self.rng.integers(0, 2 ** 8))) % 256, dtype=np.uint8)
+
+    def state(self):
+        return np.array([self.t, len(self.agents), *self.life.values()], dtype=np.float32)

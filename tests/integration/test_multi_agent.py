@@ -378,3 +378,75 @@ def test_restart_reports_every_row_of_the_env_truncated(tmp_path):
         assert not dones.any()
     finally:
         close_all(venv)
+
+
+def _loop_masks(envs, agents, n_actions):
+    """Each row's mask in a plain loop: the agent's mask where the last observations had it, else every action."""
+    rows = []
+    for env in envs:
+        for a in agents:
+            rows.append(env.masks[a].astype(bool) if a in env.masks else np.ones(n_actions, bool))
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("mask_in", ["obs", "info"])
+def test_action_masks_per_row_match_a_plain_loop(mask_in):
+    """Each row's mask (from the agent's observation dict, or its info) served from shared memory,
+    step for step equal to the masks of a plain loop over the same envs; dead agents allow every action."""
+    n_envs, n_agents = 3, 3
+    fns = [functools.partial(agentenvs.MaskedAgents, mask_in, n_agents)] * n_envs
+    venv = ShmMultiAgentVecEnv(fns, n_workers=2, start_method="fork")
+    envs = [fn() for fn in fns]
+    try:
+        assert venv.observation_space == agentenvs.DyingAgents().observation_space("agent_0")
+        venv.seed(SEED)
+        obs = venv.reset()
+        for e, env in enumerate(envs):
+            env.reset(seed=SEED + e)
+        assert venv.masks_in_shm
+        rng = np.random.default_rng(2)
+        dead = 0
+        for t in range(40):
+            masks = np.array(venv.env_method("action_masks"))
+            want = _loop_masks(envs, envs[0].possible_agents, 4)
+            np.testing.assert_array_equal(masks, want, err_msg=f"step {t}")
+            np.testing.assert_array_equal(venv.action_masks([1, 4]), want[[1, 4]])
+            actions = np.array([rng.choice(np.flatnonzero(m)) for m in masks])
+            obs, rew, dones, infos = venv.step(actions)
+            for e, env in enumerate(envs):
+                acts = {a: actions[e * n_agents + k] for k, a in enumerate(env.possible_agents) if a in env.agents}
+                env.step(acts)
+                if not env.agents:
+                    env.reset()
+            dead += int(sum(info.get("active") is False for info in infos))
+        assert dead > 0
+    finally:
+        close_all(venv)
+
+
+@pytest.mark.parametrize("mask_in", ["obs", "info"])
+def test_maskable_ppo_takes_only_allowed_actions(mask_in, one_torch_thread):
+    """MaskablePPO (sb3-contrib) on the masked agents: the env raises on any action its mask does not
+    allow, so a run that ends took only allowed ones."""
+    sb3_contrib = pytest.importorskip("sb3_contrib")
+    venv = ShmMultiAgentVecEnv([functools.partial(agentenvs.MaskedAgents, mask_in)] * 4, n_workers=2,
+                               start_method="fork")
+    try:
+        model = sb3_contrib.MaskablePPO("MlpPolicy", venv, n_steps=32, batch_size=64, n_epochs=1, seed=0)
+        model.learn(3 * 32 * venv.num_envs)
+        assert model.num_timesteps >= 3 * 32 * venv.num_envs
+    finally:
+        close_all(venv)
+
+
+def test_pad_masks_the_padded_actions():
+    """pad=True: an agent with fewer actions than the largest never has the padded ones allowed."""
+    venv = ShmMultiAgentVecEnv([agentenvs.MixedSpaces] * 2, pad=True, n_workers=1, start_method="fork")
+    try:
+        venv.reset()
+        masks = venv.action_masks()
+        assert masks.shape == (6, 5)
+        np.testing.assert_array_equal(masks[0], [True, True, True, False, False])  # agent_0: Discrete(3)
+        assert masks[1].all() and masks[3][:3].all() and not masks[3][3:].any()
+    finally:
+        close_all(venv)

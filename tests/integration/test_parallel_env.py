@@ -18,7 +18,7 @@ pytest.importorskip("pettingzoo", reason="ShmParallelEnv needs pettingzoo (pip i
 import agentenvs  # noqa: E402
 from test_multi_agent import LoopReference  # noqa: E402
 
-from shmvec import ClosedVecEnvError, ShmParallelEnv  # noqa: E402
+from shmvec import BrokenVecEnvError, ClosedVecEnvError, ShmParallelEnv, SpaceError, WorkerDiedError  # noqa: E402
 
 START_METHODS = ["fork", "spawn"]
 SEED = 7
@@ -132,3 +132,72 @@ def test_reset_seeds_options_and_bad_actions():
             env.step({"nobody": np.zeros(2, dtype=np.int64)})
         obs, rew, *_ = env.step({"agent_0": np.ones(2, dtype=np.int64)})  # agent_1's actions: 0
         assert set(obs) == set(rew) == {"agent_0", "agent_1"}
+
+
+def test_observations_with_action_masks_are_refused():
+    """A Dict of observation and action_mask: ShmParallelEnv says it cannot hand the masks back yet."""
+    with pytest.raises(SpaceError, match="use ShmMultiAgentVecEnv"):
+        ShmParallelEnv([functools.partial(agentenvs.MaskedAgents, "obs")] * 2, n_workers=1, start_method="fork")
+
+
+def test_render_state_and_calls_reach_every_env():
+    """render(), state(), call(), get_attr() and set_attr() against the same calls on plain envs."""
+    fns = [functools.partial(agentenvs.RenderedAgents, 2)] * 3
+    refs = [fn() for fn in fns]
+    with ShmParallelEnv(fns, n_workers=2, start_method="fork") as env:
+        env.reset(seed=SEED)
+        for e, ref in enumerate(refs):
+            ref.reset(seed=SEED + e)
+        assert env.render_mode == "rgb_array"
+        frames = env.render()
+        assert isinstance(frames, tuple) and len(frames) == 3
+        for frame, ref in zip(frames, refs):
+            np.testing.assert_array_equal(frame, ref.render())
+        np.testing.assert_array_equal(env.state(), np.stack([ref.state() for ref in refs]))
+        # The ParallelEnv's own names, not those of the wrapper that stacks its agents.
+        assert env.call("observation_space", "agent_0") == (refs[0].observation_space("agent_0"),) * 3
+        assert env.get_attr("max_life") == (10, 10, 10)
+        env.set_attr("marker", [1, 2, 3])
+        assert env.get_attr("marker") == (1, 2, 3)
+        env.set_attr("marker", "same")
+        assert env.call("marker") == ("same",) * 3
+        with pytest.raises(ValueError, match="one entry per env"):
+            env.set_attr("marker", [1, 2])
+        with pytest.raises(AttributeError):
+            env.get_attr("no_such_attribute")
+        env.step({a: np.zeros(3, dtype=np.int64) for a in env.agents})  # still usable after an env's error
+
+
+def test_real_mpe_envs_answer_calls_through_their_own_wrapper():
+    """MPE's parallel_env (PettingZoo's aec_to_parallel wrapper): state() and the agents' spaces."""
+    with ShmParallelEnv([_spread] * 2, n_workers=1, start_method="fork") as env:
+        env.reset(seed=SEED)
+        ref = _spread()
+        ref.reset(seed=SEED)
+        assert env.state().shape == (2, *ref.state().shape)
+        np.testing.assert_array_equal(env.state()[0], ref.state())
+        assert env.call("action_space", "agent_1") == (ref.action_space("agent_1"),) * 2
+        ref.close()
+
+
+def test_an_env_that_raises_raises_its_own_exception_and_breaks_it():
+    fns = [functools.partial(agentenvs.DyingAgents, 2), functools.partial(agentenvs.Faulty, 2, "raise")]
+    with ShmParallelEnv(fns, n_workers=2, start_method="fork") as env:
+        env.reset(seed=0)
+        acts = {a: np.zeros(2, dtype=np.int64) for a in env.agents}
+        env.step(acts)
+        with pytest.raises(RuntimeError, match="boom in a multi-agent step"):
+            env.step(acts)
+        with pytest.raises(BrokenVecEnvError):
+            env.reset()
+
+
+def test_a_killed_worker_raises_worker_died_error():
+    fns = [functools.partial(agentenvs.DyingAgents, 2), functools.partial(agentenvs.Faulty, 2, "kill")]
+    with ShmParallelEnv(fns, n_workers=2, start_method="fork") as env:
+        env.reset(seed=0)
+        acts = {a: np.zeros(2, dtype=np.int64) for a in env.agents}
+        env.step(acts)
+        with pytest.raises(WorkerDiedError, match="SIGKILL") as info:
+            env.step(acts)
+        assert info.value.worker == 1
