@@ -194,6 +194,11 @@ class ShmVecEnv(Uncopyable, VecEnv):
     n_workers = property(lambda self: self._engine.n_workers)
     start_method = property(lambda self: self._engine.options.start_method)
     copy = property(lambda self: self._engine.options.copy)
+
+    @property
+    def zero_copy(self) -> bool:
+        """Whether observations are handed out without a copy (the ``zero_copy`` option, resolved)."""
+        return self._engine is not None and self._engine.leases is not None
     slices = property(lambda self: self._engine.slices)
     invalid_actions = property(lambda self: self._engine.options.invalid_actions)
     on_failure = property(lambda self: self._engine.options.on_failure)

@@ -311,6 +311,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
             mailbox_bytes=mailbox_bytes, observation_mode=mode, zero_copy=zero_copy, **engine_kwargs,
         )
         self.num_envs = engine.num_envs
+        self.zero_copy = engine.leases is not None  # the option, resolved
         self.context = engine.options.start_method
         self.metadata = dict(engine.metadata)
         self.metadata["autoreset_mode"] = self.autoreset_mode

@@ -184,8 +184,9 @@ def test_by_default_on_for_images_off_for_small_observations():
     off = ShmVecEnv(_image_fns(4), n_workers=2, start_method="fork", zero_copy=False)
     try:
         assert 4 * 5 * 4 < AUTO_MIN_BYTES <= 4 * 84 * 84 * 4
-        assert small._engine.leases is None
+        assert small._engine.leases is None and not small.zero_copy
         assert images._engine.leases is not None and vector._engine.leases is not None
+        assert images.zero_copy and vector.zero_copy and not off.zero_copy
         assert no_copy._engine.leases is None and off._engine.leases is None
         assert _leased(images.reset()) and not _leased(small.reset()) and not _leased(off.reset())
         assert images._engine.layout.obs_blocks == MAX_BLOCKS

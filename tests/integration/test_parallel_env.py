@@ -180,24 +180,20 @@ def test_real_mpe_envs_answer_calls_through_their_own_wrapper():
         ref.close()
 
 
-def test_an_env_that_raises_raises_its_own_exception_and_breaks_it():
-    fns = [functools.partial(agentenvs.DyingAgents, 2), functools.partial(agentenvs.Faulty, 2, "raise")]
+@pytest.mark.parametrize("how", ["raise", "kill"])
+def test_failures_raise_as_for_single_agent_envs(how):
+    """An env that raises: its own exception, and the env is broken; a killed worker: WorkerDiedError."""
+    fns = [functools.partial(agentenvs.DyingAgents, 2), functools.partial(agentenvs.Faulty, 2, how)]
     with ShmParallelEnv(fns, n_workers=2, start_method="fork") as env:
         env.reset(seed=0)
         acts = {a: np.zeros(2, dtype=np.int64) for a in env.agents}
         env.step(acts)
-        with pytest.raises(RuntimeError, match="boom in a multi-agent step"):
-            env.step(acts)
-        with pytest.raises(BrokenVecEnvError):
-            env.reset()
-
-
-def test_a_killed_worker_raises_worker_died_error():
-    fns = [functools.partial(agentenvs.DyingAgents, 2), functools.partial(agentenvs.Faulty, 2, "kill")]
-    with ShmParallelEnv(fns, n_workers=2, start_method="fork") as env:
-        env.reset(seed=0)
-        acts = {a: np.zeros(2, dtype=np.int64) for a in env.agents}
-        env.step(acts)
-        with pytest.raises(WorkerDiedError, match="SIGKILL") as info:
-            env.step(acts)
-        assert info.value.worker == 1
+        if how == "raise":
+            with pytest.raises(RuntimeError, match="boom in a multi-agent step"):
+                env.step(acts)
+            with pytest.raises(BrokenVecEnvError):
+                env.reset()
+        else:
+            with pytest.raises(WorkerDiedError, match="SIGKILL") as info:
+                env.step(acts)
+            assert info.value.worker == 1
