@@ -30,7 +30,7 @@ from shmvec._state import serialized
 from shmvec._masks import METHOD as MASKS_METHOD
 from shmvec.shm_vec_env import rendered_images, served_masks
 
-__all__ = ["ShmMultiAgentVecEnv", "agents_engine", "agent_step_values"]
+__all__ = ["ShmMultiAgentVecEnv", "agents_engine", "agent_step_values", "obs_leaves"]
 
 FLAG_KEYS = ("rew", "term", "trunc", "active")
 
@@ -51,16 +51,23 @@ def agents_engine(env_fns: Sequence[Callable[[], Any]], pad: bool, public_name: 
     return engine, agents
 
 
+def obs_leaves(engine: Engine) -> dict:
+    """The buffers of the stacked observations of the last step or reset: block 0, or the lease
+    block the workers wrote them to (``zero_copy``, shmvec._leases)."""
+    leases = engine.leases
+    return engine.views.obs_blocks[leases.block] if leases is not None else engine.views.obs
+
+
 def agent_step_values(engine: Engine, results: list[list]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(the envs that ended this step, the step's per-agent ``rew``/``term``/``trunc``/``active``
     as new ``(n_envs, n_agents)`` arrays).  An env that ended has been reset already, so its
     values are read from the terminal stack; a restarted env's (whose last stack is that of the
     step before: nothing new happened) have reward 0 and flags False."""
-    views = engine.views
+    views, leaves = engine.views, obs_leaves(engine)
     ended = np.flatnonzero(views.terminated | views.truncated)
     values = {}
     for key in FLAG_KEYS:
-        arr = views.obs[(key,)].copy()
+        arr = leaves[(key,)].copy()
         if ended.size:
             arr[ended] = views.term_obs[(key,)][ended]
         values[key] = arr
@@ -98,6 +105,8 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
         observation) or its info, every action allowed where an agent has none (inactive, or no
         mask given).  None (default): from the first ask, for ``Discrete`` agent actions; False:
         off.  As :class:`shmvec.ShmVecEnv`'s option otherwise.
+    :param zero_copy: observations handed out of shared memory without a copy, as with
+        :class:`shmvec.ShmVecEnv` (None, the default: on from 32 KiB of stacked observations a step).
     :param options: every other option of :class:`shmvec.ShmVecEnv` (workers, start method,
         copy, timeouts, restarts, ...), with the same meaning.
 
@@ -125,12 +134,14 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
         cpu_affinity: bool | Sequence[int | Sequence[int]] | None = None,
         preload: Sequence[str] | None = None,
         action_masks: bool | None = None,
+        zero_copy: bool | None = None,
     ) -> None:
         engine, self.possible_agents = agents_engine(
             env_fns, pad, type(self).__name__, n_workers=n_workers, start_method=start_method, copy=copy,
             worker_threads=worker_threads, timeout=timeout, spin_us=spin_us, mailbox_bytes=mailbox_bytes,
             on_failure=on_failure, max_restarts=max_restarts, invalid_actions=invalid_actions,
             envs_per_worker=envs_per_worker, cpu_affinity=cpu_affinity, preload=preload, action_masks=action_masks,
+            zero_copy=zero_copy,
         )
         self._engine = engine
         self.pad = pad
@@ -186,7 +197,7 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
                 self._spread(e, info, self.reset_infos)
         self._env_seeds = [None] * self.n_envs
         self._env_options = [{}] * self.n_envs
-        return self._rows("obs", engine.views.obs, copy=engine.options.copy)
+        return self._obs_rows(engine)
 
     @serialized
     def step_async(self, actions: np.ndarray) -> None:
@@ -220,10 +231,13 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
             engine.finish_step()
         return out
 
-    def _rows(self, key: str, leaves: dict, copy: bool = True) -> np.ndarray:
-        arr = leaves[(key,)]
+    def _obs_rows(self, engine: Engine) -> np.ndarray:
+        """The observations by row: a copy (``copy=True``), or a view of the shared memory, which
+        with ``zero_copy`` no later step writes into while the caller holds it."""
+        arr = obs_leaves(engine)[("obs",)]
         arr = arr.reshape(self.num_envs, *arr.shape[2:])
-        return arr.copy() if copy else arr
+        leased = engine.leases is not None and engine.leases.block
+        return arr.copy() if engine.options.copy and not leased else arr
 
     def _spread(self, e: int, info: dict, into: list[dict]) -> None:
         """Env ``e``'s info ({agent: info}) into its rows of ``into``; a key that is no agent's
@@ -265,8 +279,7 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
                 for k, r in enumerate(self.rows_of(int(e))):
                     infos[r]["terminal_observation"] = term_obs[e, k].copy()
                     infos[r]["TimeLimit.truncated"] = bool(trunc[r] and not term[r])
-        obs = self._rows("obs", views.obs, copy=engine.options.copy)
-        return obs, rew, dones, infos
+        return self._obs_rows(engine), rew, dones, infos
 
     def close(self) -> None:
         """Stops the workers and frees the shared memory.  Idempotent, bounded in time.

@@ -22,7 +22,7 @@ from shmvec._engine import Engine
 from shmvec._errors import SpaceError
 from shmvec._seeds import per_env_seeds
 from shmvec._state import serialized
-from shmvec.multi_agent_vec_env import agent_step_values, agents_engine
+from shmvec.multi_agent_vec_env import agent_step_values, agents_engine, obs_leaves
 
 __all__ = ["ShmParallelEnv"]
 
@@ -128,7 +128,7 @@ class ShmParallelEnv(Uncopyable):
         elif len(options) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} option dicts (one per env), got {len(options)}")
         results = engine.reset(seeds, list(options))
-        infos = self._new_infos(engine.views.obs[("active",)])
+        infos = self._new_infos(obs_leaves(engine)[("active",)])
         for items in results:
             for e, info in items:
                 self._add_env_info(infos, e, info)
@@ -156,7 +156,7 @@ class ShmParallelEnv(Uncopyable):
             engine.finish_step()
 
     def _obs(self, engine: Engine) -> dict[str, np.ndarray]:
-        obs = engine.views.obs[("obs",)]
+        obs = obs_leaves(engine)[("obs",)]
         return {a: obs[:, k].copy() for a, k in self._index.items()}
 
     def _new_infos(self, active: np.ndarray) -> dict[str, dict]:

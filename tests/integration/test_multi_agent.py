@@ -450,3 +450,53 @@ def test_pad_masks_the_padded_actions():
         assert masks[1].all() and masks[3][:3].all() and not masks[3][3:].any()
     finally:
         close_all(venv)
+
+
+def test_zero_copy_rows_kept_by_the_caller_match_a_plain_loop():
+    """zero_copy=True: the rows are views of lease blocks; every one the caller keeps (more than the
+    blocks: the rest are copies) still equals the plain loop's, agents dying and envs ending included."""
+    n_envs, n_agents = 3, 3
+    fns = [functools.partial(agentenvs.DyingAgents, n_agents, 12, 10)] * n_envs
+    venv = ShmMultiAgentVecEnv(fns, n_workers=2, start_method="fork", zero_copy=True)
+    ref = LoopReference(fns, n_agents)
+    try:
+        venv.seed(SEED)
+        kept, want = [venv.reset()], [ref.reset(SEED)]
+        assert not kept[0].flags.owndata
+        rng = np.random.default_rng(3)
+        ends = 0
+        for t in range(30):
+            actions = rng.integers(0, 3, size=venv.num_envs)
+            obs, rew, dones, infos = venv.step(actions)
+            r_obs, r_rew, r_dones, r_infos = ref.step(actions)
+            np.testing.assert_array_equal(rew, r_rew, err_msg=f"step {t}")
+            _assert_infos(infos, r_infos, t)
+            kept.append(obs)
+            want.append(r_obs)
+            ends += int(dones.sum())
+        for t, (obs, r_obs) in enumerate(zip(kept, want)):
+            np.testing.assert_array_equal(obs, r_obs, err_msg=f"kept rows {t}")
+        assert ends > 0 and kept[-1].flags.owndata  # past the blocks: copies
+    finally:
+        close_all(venv)
+
+
+def test_parallel_env_with_zero_copy_reads_the_block_written():
+    """ShmParallelEnv copies its per-agent arrays, but with zero_copy=True passed it must read them
+    from the lease block the workers wrote: equal to the same face without it."""
+    from shmvec import ShmParallelEnv
+
+    fns = [functools.partial(agentenvs.DyingAgents, 2, 12, 10)] * 2
+    with ShmParallelEnv(fns, n_workers=1, start_method="fork", zero_copy=True) as a, \
+            ShmParallelEnv(fns, n_workers=1, start_method="fork") as b:
+        assert a._engine.leases is not None and b._engine.leases is None
+        out_a, out_b = a.reset(seed=1), b.reset(seed=1)
+        for t in range(20):
+            acts = {agent: np.full(2, t % 3) for agent in a.agents}
+            for x, y in zip(a.step(acts), b.step(acts)):
+                for agent in x:
+                    if isinstance(x[agent], dict):
+                        assert set(x[agent]) == set(y[agent])
+                    else:
+                        np.testing.assert_array_equal(x[agent], y[agent], err_msg=f"step {t} {agent}")
+        np.testing.assert_array_equal(out_a[0]["agent_0"], out_b[0]["agent_0"])
