@@ -23,6 +23,7 @@ from shmvec._errors import SpaceError
 from shmvec._seeds import per_env_seeds
 from shmvec._state import serialized
 from shmvec.multi_agent_vec_env import agent_step_values, agents_engine, obs_leaves
+from shmvec.shm_vec_env import served_masks
 
 __all__ = ["ShmParallelEnv"]
 
@@ -54,9 +55,13 @@ class ShmParallelEnv(Uncopyable):
     :param env_fns: callables that each build a new PettingZoo ``ParallelEnv`` (or a parallelizable AEC env).
     :param pad: as ``ShmMultiAgentVecEnv``'s (agents with different spaces are padded to one).
     :param options: every option of :class:`shmvec.ShmVecEnv` but ``action_masks``.
-    :raises SpaceError: as ``ShmMultiAgentVecEnv``; also for observations that carry action masks
-        (a ``Dict`` of ``"observation"`` and ``"action_mask"``), which this face does not hand back
-        yet (``ShmMultiAgentVecEnv`` serves them to MaskablePPO).
+    Observations that carry action masks (PettingZoo's ``Dict`` of ``"observation"`` and
+    ``"action_mask"``) come back so: per agent, a ``Dict`` of the observations over envs and the
+    masks over envs (int8, every action allowed where the agent is masked); ``final_obs`` holds the
+    ``"observation"`` part.
+
+    :raises SpaceError: as ``ShmMultiAgentVecEnv``; also for masked observations with ``Box``
+        actions or ``action_masks=False``.
     """
 
     _engine: Engine | None = None  # class-level: close() and __del__ are safe on a half-built object
@@ -66,19 +71,29 @@ class ShmParallelEnv(Uncopyable):
         engine, agents = agents_engine(env_fns, pad, type(self).__name__, **options)
         self._engine = engine
         self.render_mode = engine.call(P.Call.GET_ATTR, [0], ("render_mode",))[0]
-        if engine.call(P.Call.GET_ATTR, [0], ("masked_observations",))[0]:
-            self.close()
-            raise SpaceError(
-                f"{type(self).__name__} does not hand back the action masks of observations that carry them (a Dict "
-                "of 'observation' and 'action_mask'): use ShmMultiAgentVecEnv, whose action_masks() serves them "
-                "(MaskablePPO), or put the mask in the agents' infos.")
+        # Observations that carry action masks: the workers write the masks into shared memory
+        # from now on, and every observation hands its agent's mask back (see _obs).
+        self._masked = engine.call(P.Call.GET_ATTR, [0], ("masked_observations",))[0]
+        if self._masked:
+            try:
+                served_masks(engine, type(self).__name__)
+            except Exception as exc:
+                self.close()
+                raise SpaceError(
+                    f"the agents' observations carry action masks, which {type(self).__name__} hands back for "
+                    f"Discrete actions only, with action_masks left on ({exc})") from None
         self.pad = pad
         self.possible_agents = agents
         self.num_envs = n_envs = engine.num_envs
         self.n_agents = len(agents)
         self._index = {a: k for k, a in enumerate(agents)}
         self._obs_space = agent_space(engine.observation_space["obs"])
+        self._obs_part = self._obs_space  # one agent's observation, without a mask
         self._act_space = agent_space(engine.action_space)
+        if self._masked:  # PettingZoo's masked observation, batched: a Dict of observation and action_mask
+            n_actions = int(self._act_space.n)
+            self._obs_space = gym.spaces.Dict({"observation": self._obs_space,
+                                               "action_mask": gym.spaces.Box(0, 1, (n_actions,), dtype=np.int8)})
         self._batched_obs = batch_space(self._obs_space, n_envs)
         self._batched_act = batch_space(self._act_space, n_envs)
         self._act_shape = (n_envs, self.n_agents, *self._act_space.shape)
@@ -155,9 +170,13 @@ class ShmParallelEnv(Uncopyable):
         finally:
             engine.finish_step()
 
-    def _obs(self, engine: Engine) -> dict[str, np.ndarray]:
+    def _obs(self, engine: Engine) -> dict[str, Any]:
         obs = obs_leaves(engine)[("obs",)]
-        return {a: obs[:, k].copy() for a, k in self._index.items()}
+        if not self._masked:
+            return {a: obs[:, k].copy() for a, k in self._index.items()}
+        masks = engine.views.mask.reshape(self.num_envs, self.n_agents, -1)
+        return {a: {"observation": obs[:, k].copy(), "action_mask": masks[:, k].astype(np.int8)}
+                for a, k in self._index.items()}
 
     def _new_infos(self, active: np.ndarray) -> dict[str, dict]:
         on = np.ones(self.num_envs, dtype=np.bool_)
@@ -194,7 +213,7 @@ class ShmParallelEnv(Uncopyable):
                 if early.any():
                     info[name], info["_" + name] = early.copy(), early.copy()
             if term_obs is not None:
-                final = np.zeros((self.num_envs, *self._obs_space.shape), dtype=self._obs_space.dtype)
+                final = np.zeros((self.num_envs, *self._obs_part.shape), dtype=self._obs_part.dtype)
                 final[ended] = term_obs[ended, k]
                 info["final_obs"], info["_final_obs"] = final, env_done.copy()
             rewards[agent] = rew[:, k].copy()

@@ -134,10 +134,39 @@ def test_reset_seeds_options_and_bad_actions():
         assert set(obs) == set(rew) == {"agent_0", "agent_1"}
 
 
-def test_observations_with_action_masks_are_refused():
-    """A Dict of observation and action_mask: ShmParallelEnv says it cannot hand the masks back yet."""
-    with pytest.raises(SpaceError, match="use ShmMultiAgentVecEnv"):
-        ShmParallelEnv([functools.partial(agentenvs.MaskedAgents, "obs")] * 2, n_workers=1, start_method="fork")
+def test_observations_with_action_masks_come_back_with_their_masks():
+    """PettingZoo's masked observations: each agent's observation and mask over envs, the masks those
+    of plain envs stepped alike (every action allowed for a masked agent); allowed actions never raise."""
+    fns = [functools.partial(agentenvs.MaskedAgents, "obs", 2)] * 3
+    refs = [fn() for fn in fns]
+    with ShmParallelEnv(fns, n_workers=2, start_method="fork") as env:
+        assert env.single_observation_space("agent_0")["action_mask"].shape == (4,)
+        obs, _ = env.reset(seed=SEED)
+        for e, ref in enumerate(refs):
+            ref.reset(seed=SEED + e)
+        rng = np.random.default_rng(0)
+        dead = 0
+        for t in range(30):
+            acts = {}
+            for a in env.agents:
+                mask, want = obs[a]["action_mask"], [ref.masks[a] if a in ref.masks else np.ones(4, np.int8)
+                                                     for ref in refs]
+                np.testing.assert_array_equal(mask, np.stack(want), err_msg=f"step {t} {a}")
+                assert mask.dtype == np.int8 and obs[a]["observation"].shape == (3, 3)
+                acts[a] = np.array([rng.choice(np.flatnonzero(m)) for m in mask])
+            obs, _, term, trunc, infos = env.step(acts)
+            for e, ref in enumerate(refs):
+                ref.step({a: acts[a][e] for a in ref.agents})
+                if not ref.agents:
+                    ref.reset()
+            dead += sum(int((~infos[a]["active"]).sum()) for a in env.agents)
+        assert dead > 0
+
+
+def test_masked_observations_with_masks_off_are_refused():
+    with pytest.raises(SpaceError, match="hands back for Discrete actions only"):
+        ShmParallelEnv([functools.partial(agentenvs.MaskedAgents, "obs")] * 2, n_workers=1, start_method="fork",
+                       action_masks=False)
 
 
 def test_render_state_and_calls_reach_every_env():
