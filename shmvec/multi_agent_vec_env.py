@@ -62,7 +62,8 @@ def agent_step_values(engine: Engine, results: list[list]) -> tuple[np.ndarray, 
     """(the envs that ended this step, the step's per-agent ``rew``/``term``/``trunc``/``active``
     as new ``(n_envs, n_agents)`` arrays).  An env that ended has been reset already, so its
     values are read from the terminal stack; a restarted env's (whose last stack is that of the
-    step before: nothing new happened) have reward 0 and flags False."""
+    step before: nothing new happened) have reward 0 and every agent truncated, not terminated (a
+    restart cuts the episode: docs/failures.md, as for single-agent envs)."""
     views, leaves = engine.views, obs_leaves(engine)
     ended = np.flatnonzero(views.terminated | views.truncated)
     values = {}
@@ -75,7 +76,7 @@ def agent_step_values(engine: Engine, results: list[list]) -> tuple[np.ndarray, 
         for e, info, _ in items:
             if info and RESTART_INFO_KEY in info:
                 values["rew"][e] = 0.0
-                values["term"][e] = values["trunc"][e] = False
+                values["term"][e], values["trunc"][e] = False, True
     return ended, values
 
 

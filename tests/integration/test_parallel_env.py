@@ -18,7 +18,14 @@ pytest.importorskip("pettingzoo", reason="ShmParallelEnv needs pettingzoo (pip i
 import agentenvs  # noqa: E402
 from test_multi_agent import LoopReference  # noqa: E402
 
-from shmvec import BrokenVecEnvError, ClosedVecEnvError, ShmParallelEnv, SpaceError, WorkerDiedError  # noqa: E402
+from shmvec import (  # noqa: E402
+    BrokenVecEnvError,
+    ClosedVecEnvError,
+    ShmParallelEnv,
+    SpaceError,
+    WorkerDiedError,
+    WorkerRestartWarning,
+)
 
 START_METHODS = ["fork", "spawn"]
 SEED = 7
@@ -226,3 +233,24 @@ def test_failures_raise_as_for_single_agent_envs(how):
             with pytest.raises(WorkerDiedError, match="SIGKILL") as info:
                 env.step(acts)
             assert info.value.worker == 1
+
+
+def test_restart_reports_the_restarted_env_truncated_for_every_agent(tmp_path):
+    """on_failure="restart": the env of the killed worker ends for every agent as truncated (not
+    terminated), reward 0, shmvec_restarted in its infos and its last observation in final_obs."""
+    fns = [functools.partial(agentenvs.Faulty, 99, "raise"),
+           functools.partial(agentenvs.Faulty, 3, "kill", str(tmp_path / "killed"))]
+    with ShmParallelEnv(fns, n_workers=2, start_method="fork", on_failure="restart") as env:
+        env.reset(seed=0)
+        acts = {a: np.ones(2, dtype=np.int64) for a in env.agents}
+        for _ in range(2):
+            _, _, term, trunc, _ = env.step(acts)
+            assert not any(term[a].any() or trunc[a].any() for a in env.agents)
+        with pytest.warns(WorkerRestartWarning):
+            obs, rew, term, trunc, infos = env.step(acts)
+        for a in env.agents:
+            assert trunc[a].tolist() == [False, True] and not term[a].any() and rew[a][1] == 0.0
+            assert "SIGKILL" in infos[a]["shmvec_restarted"][1] and infos[a]["_final_obs"].tolist() == [False, True]
+            assert infos[a]["final_obs"].shape == (2, 3)
+        _, _, term, trunc, _ = env.step(acts)
+        assert not any(term[a].any() or trunc[a].any() for a in env.agents)
