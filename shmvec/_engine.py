@@ -327,6 +327,8 @@ class Engine:
                 self._wake_posted(skip)
             elif posted:
                 self.status.fail(exc)
+            elif self.leases is not None:  # posted to none: the last observations are where they were
+                self.leases.block = self.leases.previous
             raise
 
     def _wake_posted(self, skip: Any) -> None:

@@ -23,13 +23,15 @@ Who writes what (protocol step 1, :mod:`shmvec._protocol`):
   a lease block as its arrays themselves (a fresh ``dict``/``tuple`` around them for ``Dict`` and
   ``Tuple`` spaces).
 
-When a lease block is free.  Each leaf of a lease block is, in the parent, an array ``R`` (the
-shaped array handed out) viewing an array ``F`` (``np.frombuffer`` over the mapping, whose base
-is a ``memoryview``: it holds the mapping open, so that ``close()`` cannot unmap what the caller
-holds).  Numpy makes every view of ``R`` (a slice, a reshape, a transpose, ``torch.from_numpy``)
-refer to ``F`` itself: it collapses chains of views to the first array that is not a view of
-another array.  So the reference counts of ``R`` (held as it is) and ``F`` (held through a
-view), the *roots*, count every handle the caller has on the block, however derived.  A block
+When a lease block is free.  Each leaf of a lease block is, in the parent, a shaped array ``R``
+viewing an array ``F`` (``np.frombuffer`` over the mapping, whose base is a ``memoryview``: it
+holds the mapping open, so that ``close()`` cannot unmap what the caller holds).  The caller gets
+a new view of ``R`` each time (``R`` itself stays the parent's: a caller that set its ``shape``
+or its ``writeable`` flag would change what the next caller gets).  Numpy makes every view of it
+(a slice, a reshape, a transpose, ``torch.from_numpy``, a ``memoryview``) refer to ``F`` itself:
+it collapses chains of views to the first array that is not a view of another array.  So the
+reference count of each leaf's ``F``, its *root*, counts every handle the caller has on the
+block, however derived (a ``weakref`` is no handle: it sees the block's next contents).  A block
 is free when the count of each of its roots is what the parent's own references make, measured
 once when nothing else held them.  The check runs in
 the parent only, before a post, under the vec env's lock; another thread of the caller's cannot
@@ -74,7 +76,8 @@ from shmvec._layout import Layout, Views, space_leaves
 
 #: At most this many lease blocks...
 MAX_BLOCKS = 8
-#: ... and at most this many bytes in all of them (the pages of a block are reserved when it is first used).
+#: ... and at most this many bytes in all of them, one block at least (the pages of a block are
+#: reserved when it is first used).
 MAX_BYTES = 1 << 30
 #: zero_copy=None: on when one step's observations (all envs, all leaves) weigh at least this many bytes.
 AUTO_MIN_BYTES = 32 << 10
@@ -122,14 +125,16 @@ class Leases:
         self.spans = layout.lease_spans
         self.fd = fd
         space = layout.observation_space
-        # roots[b]: each leaf's R and F in lease block b (index 0: none, block 0 is never leased)
-        self.roots: list[list[np.ndarray]] = [[]] + [
-            [a for arr in block.values() for a in (arr, arr.base)] for block in views.obs_blocks[1:]]
+        # roots[b]: each leaf's F in lease block b (index 0: none, block 0 is never leased); the
+        # shaped arrays R over them stay the parent's own: the caller gets a new view of each.
+        self.roots: list[list[np.ndarray]] = [[]] + [[arr.base for arr in block.values()]
+                                                     for block in views.obs_blocks[1:]]
         self.values: list[Callable[[], Any]] = [lambda: None] + [
             _value_of(space, block, top_dict) for block in views.obs_blocks[1:]]
         self.grown = 0  # lease blocks whose pages are reserved: 1..grown are in use
         self.bound = len(self.spans)  # lowered when /dev/shm has no room for the next one
         self.block = 0  # where the last STEP or RESET wrote its observations
+        self.previous = 0  # where the one before did
         self.partial = False  # the next RESET writes only some envs (reset_mask)
         # Each root's reference count when only the parent holds it, read as free() reads it.
         self.base = [[_refs(arrays[k]) for k in range(len(arrays))] for arrays in self.roots]
@@ -153,7 +158,7 @@ class Leases:
                     np.copyto(views.obs[path], arr)
             self.partial = False
         if cmd == P.Cmd.STEP or cmd == P.Cmd.RESET:
-            self.block = b
+            self.previous, self.block = self.block, b  # (previous: the post may fail before any worker has it)
         words.store(P.OBS_BLOCK, b)
 
     def _lowest_free(self) -> int:
@@ -185,8 +190,9 @@ class Leases:
 
 
 def _value_of(space: spaces.Space, block: dict, top_dict: type) -> Callable[[], Any]:
-    """What hands out lease block ``block`` (``{path: root}``): the root itself for a flat space;
-    a fresh dict or tuple around the roots otherwise (the caller may change the container)."""
+    """What hands out lease block ``block`` (``{path: R}``): a new view of each leaf's array (its
+    base is the leaf's ``F``, which the reference counts watch), in a fresh dict or tuple for
+    ``Dict`` and ``Tuple`` spaces."""
     return _build(space, (), block, top_dict)
 
 
@@ -200,4 +206,4 @@ def _build(space: spaces.Space, path: tuple, block: dict, top_dict: type) -> Cal
         items = [_build(s, path + (k,), block, dict) for k, s in enumerate(space.spaces)]
         return lambda: tuple([f() for f in items])
     root = block[path]
-    return lambda: root
+    return lambda: root[...]  # a new view each time: what the caller does to it stays its own

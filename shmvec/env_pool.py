@@ -210,7 +210,8 @@ class ShmEnvPool(Uncopyable):
         **engine_kwargs: Any,
     ) -> None:
         checked_env_fns(env_fns, type(self).__name__, batch_size)
-        refuse_unknown_keywords(type(self), engine_kwargs, ENGINE_OPTIONS - {"copy"})  # (results are always copies)
+        # (Results are always copies: no copy=, no zero_copy=.)
+        refuse_unknown_keywords(type(self), engine_kwargs, ENGINE_OPTIONS - {"copy", "zero_copy"})
         env_fns = list(env_fns)
         mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
         if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):

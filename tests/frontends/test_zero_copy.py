@@ -269,3 +269,72 @@ def test_observations_outlive_close():
     env.close()
     assert_same(obs, copy, "observation after close")
     assert_same(part, copy[1], "view after close")
+
+
+def test_what_the_caller_does_to_an_observation_stays_its_own():
+    """Setting an observation's shape or writeable flag changes nothing of what the next step hands out."""
+    env = ShmVecEnv(_image_fns(2, (16, 16, 3)), n_workers=2, start_method="fork", zero_copy=True)
+    try:
+        obs = env.reset()
+        obs.flags.writeable = False
+        obs.shape = (2, -1)
+        del obs
+        for _ in range(3):
+            obs = env.step(np.zeros(2, dtype=np.int64))[0]
+            assert obs.shape == (2, 16, 16, 3) and obs.flags.writeable
+        del obs
+    finally:
+        env.close()
+
+
+def test_the_pools_refuse_zero_copy():
+    from shmvec import ShmEnvPool
+
+    with pytest.raises(TypeError, match="zero_copy"):
+        ShmEnvPool(_image_fns(2), batch_size=1, zero_copy=True)
+
+
+class _InterruptingWords:
+    """The engine's words, but the first store of PENDING raises KeyboardInterrupt: a Ctrl-C in
+    post() after the block was picked and before any worker had the command."""
+
+    def __init__(self, words):
+        self.words, self.armed = words, True
+
+    def store(self, index, value):
+        from shmvec import _protocol as P
+
+        if index == P.PENDING and self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+        self.words.store(index, value)
+
+    def __getattr__(self, name):
+        return getattr(self.words, name)
+
+
+def test_a_post_interrupted_before_any_worker_keeps_the_last_observations():
+    """Disabled autoreset: a step interrupted before it reached any worker, then a masked reset: the
+    envs not reset show their last observations (SyncVectorEnv's), not the block the step picked."""
+    from gymnasium.vector import AutoresetMode
+
+    fns = testenvs.spaces_env_fns("image", "discrete", 3)
+    ref = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.DISABLED)
+    env = ShmVectorEnv(fns, autoreset_mode=AutoresetMode.DISABLED, n_workers=2, start_method="fork", zero_copy=True)
+    try:
+        env.reset(seed=4)
+        ref.reset(seed=4)
+        act = np.array([1, 2, 0])
+        kept = env.step(act)[0]  # held: the interrupted step picks another block
+        ref.step(act)
+        words = env._engine.words
+        env._engine.words = _InterruptingWords(words)
+        with pytest.raises(KeyboardInterrupt):
+            env.step_async(act)
+        env._engine.words = words
+        mask = np.array([True, False, False])
+        out, want = env.reset(options={"reset_mask": mask}), ref.reset(options={"reset_mask": mask})
+        assert_same(out, want, "masked reset after the interrupted step", strict_dtype=True)
+        del kept
+    finally:
+        close_all(env, ref)
