@@ -383,11 +383,3 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
             if len(options) != self.n_envs:
                 raise ValueError(f"expected {self.n_envs} option dicts (one per env), got {len(options)}")
             self._env_options = list(options)
-
-    def __del__(self) -> None:
-        engine = self._engine
-        if engine is not None and not engine.status.closed:
-            try:
-                self.close()
-            except Exception:
-                pass

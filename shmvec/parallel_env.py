@@ -275,11 +275,3 @@ class ShmParallelEnv(Uncopyable):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        engine = self._engine
-        if engine is not None and not engine.status.closed:
-            try:
-                self.close()
-            except Exception:
-                pass

@@ -502,3 +502,21 @@ def test_parallel_env_with_zero_copy_reads_the_block_written():
                     else:
                         np.testing.assert_array_equal(x[agent], y[agent], err_msg=f"step {t} {agent}")
         np.testing.assert_array_equal(out_a[0]["agent_0"], out_b[0]["agent_0"])
+
+
+def test_a_vec_env_dropped_without_close_releases_everything():
+    """No close(): dropping the last reference stops the workers and frees the memory (the engine's
+    own finalizer; the suite's leak check sees anything left)."""
+    import gc
+    import weakref
+
+    from shmvec import ShmParallelEnv
+
+    venv = ShmMultiAgentVecEnv([functools.partial(agentenvs.DyingAgents, 2)] * 2, n_workers=2, start_method="fork")
+    venv.reset()
+    env = ShmParallelEnv([functools.partial(agentenvs.DyingAgents, 2)] * 2, n_workers=1, start_method="fork")
+    env.reset(seed=0)
+    engines = [weakref.ref(venv._engine), weakref.ref(env._engine)]
+    del venv, env
+    gc.collect()
+    assert all(ref() is None for ref in engines)  # collected, and closed by its __del__
