@@ -22,6 +22,7 @@ import time
 from multiprocessing import shared_memory
 
 import numpy as np
+import torch
 from stable_baselines3.common.env_util import make_vec_env
 
 from shmvec import ShmVecEnv
@@ -73,8 +74,17 @@ def _install(table: np.ndarray):
 
 
 def timeline(n_envs: int, steps: int, n_workers: int = 2, spin_us: tuple | None = None,
-             stat=np.median, cpu_affinity: bool = False) -> dict:
-    """Runs the steps and returns ``stat`` (the median) of each interval in microseconds (and steps/s)."""
+             stat=np.median, cpu_affinity: bool = False, policy: bool = False) -> dict:
+    """Runs the steps and returns ``stat`` (the median) of each interval in microseconds (and steps/s).
+    ``policy``: SB3's PPO MlpPolicy picks each action from the last observations, as its rollout loop
+    does (torch at the threads it has), instead of random actions."""
+    if policy:
+        import gymnasium as gym
+        from stable_baselines3 import PPO
+
+        policy = PPO("MlpPolicy", gym.make("CartPole-v1"), seed=0).policy.eval()
+    else:
+        policy = None
     rows = steps + 16
     shm = shared_memory.SharedMemory(create=True, size=8 * rows * (WORKER0 + 2 * n_workers))
     try:
@@ -88,11 +98,16 @@ def timeline(n_envs: int, steps: int, n_workers: int = 2, spin_us: tuple | None 
             kwargs["cpu_affinity"] = True
         env = make_vec_env("CartPole-v1", n_envs=n_envs, vec_env_cls=ShmVecEnv, vec_env_kwargs=kwargs)
         try:
-            env.reset()
+            obs = env.reset()
             actions = np.random.default_rng(0).integers(0, 2, size=(256, n_envs))
             t0 = time.perf_counter()
             for k in range(steps):
-                env.step(actions[k % 256])
+                if policy is None:
+                    env.step(actions[k % 256])
+                else:
+                    with torch.no_grad():
+                        action = policy(torch.as_tensor(obs))[0].numpy()
+                    obs = env.step(action)[0]
             elapsed = time.perf_counter() - t0
             last = env._engine.seqs[0]
         finally:
@@ -133,12 +148,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--n-workers", type=int, default=2)
     parser.add_argument("--spin-us", type=float, nargs=2, default=None, metavar=("PARENT", "WORKER"))
     parser.add_argument("--cpu-affinity", action="store_true", help="pin worker w to core w")
+    parser.add_argument("--policy", action="store_true", help="SB3's MlpPolicy picks the actions (torch in the loop)")
+    parser.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--mean", action="store_true", help="means instead of medians (the tail counts)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     spin = tuple(args.spin_us) if args.spin_us else None
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     out = timeline(args.n_envs, args.steps, args.n_workers, spin, np.mean if args.mean else np.median,
-                   args.cpu_affinity)
+                   args.cpu_affinity, args.policy)
     if args.json:
         print(json.dumps(out))
     else:

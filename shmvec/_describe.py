@@ -48,8 +48,11 @@ def describe_env_fns(env_fns: Sequence[Any]) -> list[dict[str, Any] | Descriptio
 
 
 def describe_vec_env(descriptions: Sequence[dict[str, Any] | Exception], config: Mapping[str, Any], *, n_envs: int,
-                     n_workers: int, start_method: str, seed: Any, options: Any) -> dict[str, Any]:
-    """The body of ``ShmVecEnv.describe()``: factories (run-length encoded), options, seeds."""
+                     n_workers: int, start_method: str, seed: Any, options: Any,
+                     decided: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The body of ``ShmVecEnv.describe()``: factories (run-length encoded), options, seeds, and
+    ``decided``: what the defaults resolved to on this machine, and why (read by people; a
+    rebuild resolves its defaults again where it runs)."""
     factories = []
     for i, d in enumerate(descriptions):
         if isinstance(d, Exception):
@@ -69,6 +72,7 @@ def describe_vec_env(descriptions: Sequence[dict[str, Any] | Exception], config:
         "start_method": start_method,
         "seed": jsonable(seed, "seed"),
         "reset_options": jsonable(options, "set_options()"),
+        "decided": jsonable(dict(decided or {}), "decided"),
     }
 
 

@@ -32,7 +32,7 @@ import pickle
 from threading import get_ident
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -63,6 +63,7 @@ from shmvec._pickling import pickle_factories
 from shmvec._registrations import pack_registrations
 from shmvec._restarts import Restarts
 from shmvec._state import CALLING, COLLECTING, CONSUMED, DONE, IDLE, POSTED, RESETTING, Status, record
+from shmvec._threads import Decision, decide, release
 from shmvec._sync import current_cpu
 from shmvec._workers import BROKEN_HINT, CLOSE_JOIN_S, WorkerSet
 
@@ -89,6 +90,7 @@ class Engine:
     actions: ActionWriter | None = None
     leases: Leases | None = None  # zero_copy's lease blocks (shmvec._leases), when on
     masks_in_shm = False  # whether the workers write action masks into shared memory (``action_masks``)
+    threads: Decision | None = None  # the parent's torch threads (shmvec._threads), decided once torch is loaded
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], *, batch_dict: type = collections.OrderedDict,
                  pickled_batch: Callable[[list], Any] = tuple, observation_mode: Any = None,
@@ -127,6 +129,7 @@ class Engine:
         if opts.restart:
             self.restarts = Restarts(self)
         status.enter(IDLE)
+        self.threads = decide(Decision(opts.parent_threads), self.n_workers, opts.public_name)
 
     # ---- start-up -----------------------------------------------------------------------------------
     def _start(self, pickled_batch: Callable[[list], Any]) -> None:
@@ -246,6 +249,7 @@ class Engine:
             self.complete_step()
             self.finish_step()
         self.check_idle("reset" if wait else "reset_async")
+        decide(self.threads, self.n_workers, self.options.public_name)  # until torch is loaded
         in_pipe = write_reset_args(self, seeds, options, mask)
         if self.leases is not None:
             self.leases.partial = mask is not None
@@ -481,19 +485,9 @@ class Engine:
         with self.closing():
             self._close(terminate, timeout)
 
-    @contextlib.contextmanager
-    def closing(self) -> Iterator[None]:
-        """Holds the lock for a close: first tells a thread waiting on the workers to stop waiting."""
-        status = self.status
-        if status.lock is None:  # half-built
-            yield
-            return
-        status.closer = get_ident()
-        try:
-            with status.lock:
-                yield
-        finally:
-            status.closer = None
+    def closing(self) -> contextlib.AbstractContextManager:
+        """Holds the lock for a close (:meth:`shmvec._state.Status.closing`)."""
+        return self.status.closing()
 
     def _close(self, terminate: bool = False, timeout: float | None = None) -> None:
         status = self.status
@@ -510,6 +504,7 @@ class Engine:
                 self._complete_or_raise(in_flight, deadline_s=CLOSE_JOIN_S if timeout is None else timeout)
             except BaseException:
                 polite = False
+        release(self.threads)
         if self.actions is not None:
             self.actions.release()
         if self.leases is not None:

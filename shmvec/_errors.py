@@ -102,6 +102,11 @@ class WorkerRestartWarning(RuntimeWarning):
     """With ``on_failure="restart"``: a worker failed and was restarted (its episodes end as truncated)."""
 
 
+class ParentThreadsWarning(UserWarning):
+    """shmvec set torch's intra-op threads in this process while its workers step envs
+    (``parent_threads="auto"``, shmvec._threads): shown once per process, with how to keep torch's count."""
+
+
 class InvalidActionWarning(RuntimeWarning):
     """With ``invalid_actions="warn"``: actions that are NaN or out of range were passed on to the envs."""
 

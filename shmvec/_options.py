@@ -23,7 +23,8 @@ from shmvec import _protocol as P
 from shmvec import factories as F
 from shmvec._actions import INVALID_ACTIONS
 from shmvec._layout import split_envs
-from shmvec._machine import cpu_sets, default_start_method, usable_cores
+from shmvec._machine import cpu_budget, cpu_sets, default_start_method, usable_cores
+from shmvec._threads import AUTO, check_parent_threads
 
 ON_FAILURE = ("raise", "restart")
 # (parent, worker) microseconds of yielding spin before a wait sleeps on the futex; why these
@@ -106,6 +107,7 @@ class Options:
     preload: tuple[str, ...]
     action_masks: bool | None
     zero_copy: bool | None  # observations handed out without a copy (shmvec._leases); None: by size
+    parent_threads: Any  # "auto", None or an int: torch's threads in the parent (shmvec._threads)
     slices: tuple[range, ...]
     autoreset: str  # how workers reset finished envs (shmvec._protocol)
     public_name: str  # the class the user holds, named in errors
@@ -114,6 +116,26 @@ class Options:
     @property
     def restart(self) -> bool:
         return self.on_failure == "restart"
+
+    def explain(self) -> dict[str, Any]:
+        """The worker count and spin budgets as resolved, and why (``describe()["decided"]``)."""
+        given = self.given
+        if given.get("n_workers") is not None or given.get("envs_per_worker") is not None:
+            why_workers = "as given"
+        else:
+            budget = cpu_budget()
+            why_workers = f"the CPU budget, {budget.chosen} ({budget.reason}), at most one per env"
+        parent_us, worker_us = self.parent_spin_s * 1e6, self.worker_spin_s * 1e6
+        if given.get("spin_us") is not None:
+            why_spin = "as given"
+        elif parent_us:
+            why_spin = ("fewer workers than cores: the parent spins on a core of its own; workers spin only while "
+                        "the parent answers within their budget")
+        else:
+            why_spin = ("a worker on every core: the parent sleeps (it would take a worker's core); workers spin "
+                        "only while the parent answers within their budget")
+        return {"n_workers": {"value": self.n_workers, "why": why_workers},
+                "spin_us": {"parent": parent_us, "worker": worker_us, "why": why_spin}}
 
     @classmethod
     def build(
@@ -138,6 +160,7 @@ class Options:
         preload: Sequence[str] | None = None,
         action_masks: bool | None = None,
         zero_copy: bool | None = False,
+        parent_threads: str | int | None = AUTO,
     ) -> tuple[Options, list]:
         """Checks every argument; returns the options and the factories as a list.
 
@@ -149,7 +172,9 @@ class Options:
         given = dict(n_workers=n_workers, start_method=start_method, copy=copy, worker_threads=worker_threads,
                      timeout=timeout, spin_us=spin_us, mailbox_bytes=mailbox_bytes, on_failure=on_failure,
                      max_restarts=max_restarts, invalid_actions=invalid_actions, envs_per_worker=envs_per_worker,
-                     cpu_affinity=cpu_affinity, preload=preload, action_masks=action_masks, zero_copy=zero_copy)
+                     cpu_affinity=cpu_affinity, preload=preload, action_masks=action_masks, zero_copy=zero_copy,
+                     parent_threads=parent_threads)
+        parent_threads = check_parent_threads(parent_threads)
         n_workers = whole("n_workers", n_workers, 1)
         envs_per_worker = whole("envs_per_worker", envs_per_worker, 1)
         worker_threads = whole("worker_threads", worker_threads, 1)
@@ -204,7 +229,7 @@ class Options:
             timeout=timeout, parent_spin_s=max(0.0, parent_us) * 1e-6, worker_spin_s=max(0.0, worker_us) * 1e-6,
             mailbox_bytes=mailbox_bytes, on_failure=on_failure, max_restarts=max_restarts,  # type: ignore[arg-type]
             invalid_actions=invalid_actions, cpu_sets=tuple(sets), preload=tuple(preload or ()),
-            action_masks=action_masks, zero_copy=zero_copy, slices=tuple(split_envs(n_envs, n_workers)), autoreset=autoreset,
+            action_masks=action_masks, zero_copy=zero_copy, parent_threads=parent_threads, slices=tuple(split_envs(n_envs, n_workers)), autoreset=autoreset,
             public_name=public_name, given=MappingProxyType(given),
         )
         return options, env_fns

@@ -59,11 +59,13 @@ closes: nothing is released under a thread still reading the block.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import os
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any, Callable, TypeVar
 from shmvec._errors import BrokenVecEnvError, ClosedVecEnvError, ConcurrentCallError, ForkedVecEnvError, detached
 
@@ -147,6 +149,19 @@ class Status:
     def failure(self) -> BaseException | None:
         """What broke the engine (a copy without its traceback), or None."""
         return self.__dict__.get("_broken")  # (unset on a half-built object: the class holds the descriptor)
+
+    @contextlib.contextmanager
+    def closing(self) -> Iterator[None]:
+        """Holds the lock for a close: first tells a thread waiting on the workers to stop waiting."""
+        if self.lock is None:  # half-built
+            yield
+            return
+        self.closer = threading.get_ident()
+        try:
+            with self.lock:
+                yield
+        finally:
+            self.closer = None
 
     @property
     def closed(self) -> bool:

@@ -11,6 +11,8 @@ Checks, each with a status (``ok``, ``info``, ``warn``, ``fail``) and advice:
 - ``start-method``: which start methods exist and what ShmVecEnv will use;
 - ``threads``: ``OMP_NUM_THREADS`` and friends (threads per process times processes must not
   exceed the cores);
+- ``parent-threads``: torch's default threads here, and what ShmVecEnv's ``parent_threads="auto"``
+  will set them to while its workers run (shmvec._threads);
 - ``env`` (with ``--env``): one env step timed in a bare loop against ShmVecEnv's round trip,
   measured here: does the IPC overhead dominate, so that ``DummyVecEnv`` would be as fast?
   ``--measure`` also times both side by side.
@@ -26,6 +28,7 @@ import math
 import multiprocessing as mp
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -33,6 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from shmvec._machine import CpuBudget, cpu_budget, usable_cores
+from shmvec._threads import USER_SET_VARS
 
 SHM_DIR = "/dev/shm"
 #: Below this, /dev/shm is the container default or close to it: warn.
@@ -249,9 +253,47 @@ def check_threads(environ: Mapping[str, str] | None = None, cores: int | None = 
     shown = ", ".join(f"{k}={v}" for k, v in values.items()) or "none set"
     return Check("threads", "ok", f"{shown}; ShmVecEnv limits each worker to 1 thread (worker_threads=1)",
                  "" if values else "SubprocVecEnv and AsyncVectorEnv workers do not: with them, set "
-                 "OMP_NUM_THREADS=1 before starting Python. A torch learner in the parent uses every core by "
-                 f"default and competes with the workers: torch.set_num_threads({max(1, cores - workers)}) "
-                 "leaves them room.", data)
+                 "OMP_NUM_THREADS=1 before starting Python, and torch.set_num_threads("
+                 f"{max(1, cores - workers)}) in the learner (ShmVecEnv does that one itself: parent-threads).",
+                 data)
+
+
+def check_parent_threads(torch_threads: int | None, cores: int, workers: int,
+                         environ: Mapping[str, str] | None = None) -> Check:
+    """What ``parent_threads="auto"`` (shmvec._threads) will do to torch's threads in a training
+    script: ``torch_threads`` is torch's default count here (None: torch is not installed)."""
+    environ = os.environ if environ is None else environ
+    free = max(1, cores - workers)
+    data = {"torch_threads": torch_threads, "cores": cores, "workers": workers, "free": free}
+    if torch_threads is None:
+        return Check("parent-threads", "ok", "torch is not installed: no intra-op pool in the parent to compete "
+                     "with the workers", "", data)
+    user_set = [name for name in USER_SET_VARS if environ.get(name)]
+    if user_set:
+        return Check("parent-threads", "ok" if torch_threads <= free else "warn",
+                     f"{user_set[0]} is set: shmvec leaves torch's {torch_threads} thread(s) as they are",
+                     "" if torch_threads <= free else
+                     f"torch's idle threads spin on the {workers} workers' cores after each forward pass: "
+                     f"torch.set_num_threads({free}) (or unset {user_set[0]} and let shmvec do it)", data)
+    if torch_threads <= free:
+        return Check("parent-threads", "ok", f"torch runs {torch_threads} thread(s), no more than the {free} "
+                     f"core(s) the {workers} workers leave free: shmvec leaves them as they are", "", data)
+    return Check("parent-threads", "ok",
+                 f"torch runs {torch_threads} threads on {cores} cores: while {workers} workers run, ShmVecEnv "
+                 f"sets it to {free} (parent_threads='auto': its idle threads would spin on the workers' cores "
+                 "after each forward pass) and restores it at close, with a ParentThreadsWarning once",
+                 "To keep torch's count, pass parent_threads=None (or set OMP_NUM_THREADS before Python starts).",
+                 data)
+
+
+def torch_default_threads() -> int | None:
+    """torch's intra-op threads in a fresh interpreter (its default here), or None without torch."""
+    try:
+        out = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                             capture_output=True, text=True, timeout=120)
+        return int(out.stdout.strip()) if out.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
 
 
 def predict_speedup(step_s: float, n_envs: int, workers: int, overhead_s: float) -> float:
@@ -441,6 +483,7 @@ def diagnose(env: str | None = None, n_envs: int | None = None, workers: int | N
     checks.append(check_shm(needed))
     checks.append(check_start_method(start_method))
     checks.append(check_threads(cores=cores, workers=n_workers))
+    checks.append(check_parent_threads(torch_default_threads(), cores, n_workers))
     if env:
         checks.append(check_env(env, n_envs or n_workers, n_workers, measure=measure))
     return checks

@@ -136,13 +136,14 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
         preload: Sequence[str] | None = None,
         action_masks: bool | None = None,
         zero_copy: bool | None = None,
+        parent_threads: str | int | None = "auto",
     ) -> None:
         engine, self.possible_agents = agents_engine(
             env_fns, pad, type(self).__name__, n_workers=n_workers, start_method=start_method, copy=copy,
             worker_threads=worker_threads, timeout=timeout, spin_us=spin_us, mailbox_bytes=mailbox_bytes,
             on_failure=on_failure, max_restarts=max_restarts, invalid_actions=invalid_actions,
             envs_per_worker=envs_per_worker, cpu_affinity=cpu_affinity, preload=preload, action_masks=action_masks,
-            zero_copy=zero_copy,
+            zero_copy=zero_copy, parent_threads=parent_threads,
         )
         self._engine = engine
         self.pad = pad

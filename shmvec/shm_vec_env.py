@@ -136,6 +136,12 @@ class ShmVecEnv(Uncopyable, VecEnv):
         a step's observations weigh 32 KiB or more (images), where it is faster.  True: on
         whatever the size.  False: off.  It cannot go with ``copy=False``, ``on_failure="restart"``
         or observations without a fixed size (``Text``, ...).
+    :param parent_threads: torch's intra-op threads in this process while the workers run.
+        ``"auto"`` (default): when torch is loaded here and runs more threads than the cores the
+        workers leave free (at least 1), it is set to that many (``torch.set_num_threads``) until the
+        vec env closes, with a ``ParentThreadsWarning`` once per process: its idle threads spin on
+        the workers' cores after each forward pass (docs/benchmarks.md, "Training").  Left alone
+        where ``OMP_NUM_THREADS`` is set.  A number: set to that many.  None: torch is left as it is.
 
     :raises TypeError: ``env_fns`` holds something that is not callable (an env instance).
     :raises UnpicklableFactoryError: a factory cannot be pickled; the message names the object.
@@ -167,6 +173,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         preload: Sequence[str] | None = None,
         action_masks: bool | None = None,
         zero_copy: bool | None = None,
+        parent_threads: str | int | None = "auto",
     ) -> None:
         self._engine = engine = Engine(
             env_fns, batch_dict=collections.OrderedDict, pickled_batch=stack_values, public_name=type(self).__name__,
@@ -174,7 +181,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
             start_method=start_method, copy=copy, worker_threads=worker_threads, timeout=timeout, spin_us=spin_us,
             mailbox_bytes=mailbox_bytes, on_failure=on_failure, max_restarts=max_restarts,
             invalid_actions=invalid_actions, envs_per_worker=envs_per_worker, cpu_affinity=cpu_affinity,
-            preload=preload, action_masks=action_masks, zero_copy=zero_copy,
+            preload=preload, action_masks=action_masks, zero_copy=zero_copy, parent_threads=parent_threads,
         )
         self._seed_arg: Any = None
         self._options_arg: Any = None
@@ -419,7 +426,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         engine = self._engine
         return describe_vec_env(engine.descriptions, dict(engine.options.given), n_envs=self.num_envs,
                                 n_workers=engine.n_workers, start_method=engine.options.start_method,
-                                seed=self._seed_arg, options=self._options_arg)
+                                seed=self._seed_arg, options=self._options_arg, decided=engine.options.explain() | {"parent_threads": engine.threads.as_dict()})
 
     @classmethod
     def from_description(cls, description: dict[str, Any], **overrides: Any) -> ShmVecEnv:

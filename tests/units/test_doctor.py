@@ -138,11 +138,11 @@ def test_diagnose_unbuildable_env_fails():
 def test_cli_json(capsys):
     rc = doctor.main(["--env", "CartPole-v1", "--n-envs", "4", "--workers", "2", "--json"])
     checks = json.loads(capsys.readouterr().out)
-    assert [c["name"] for c in checks] == ["cores", "shm", "start-method", "threads", "env"]
+    assert [c["name"] for c in checks] == ["cores", "shm", "start-method", "threads", "parent-threads", "env"]
     assert rc == 0
     shm = checks[1]
     assert shm["data"]["needed_bytes"] > 0
-    assert checks[4]["data"]["predicted_speedup"] > 0
+    assert checks[5]["data"]["predicted_speedup"] > 0
 
 
 def test_cli_measure_text(capsys):
@@ -191,3 +191,15 @@ def test_cli_text_prints_the_budget(monkeypatch, capsys):
     assert doctor.main(["--json"]) == 0
     cores = json.loads(capsys.readouterr().out)[0]
     assert cores["name"] == "cores" and cores["data"]["budget"]["chosen"] == 2
+
+
+def test_parent_threads_says_what_shmvec_will_set():
+    c = doctor.check_parent_threads(8, cores=8, workers=8, environ={})
+    assert c.status == "ok" and "sets it to 1" in c.detail and "parent_threads=None" in c.advice
+    c = doctor.check_parent_threads(2, cores=8, workers=4, environ={})
+    assert "leaves them as they are" in c.detail
+    c = doctor.check_parent_threads(8, cores=8, workers=8, environ={"OMP_NUM_THREADS": "8"})
+    assert c.status == "warn" and "torch.set_num_threads(1)" in c.advice
+    c = doctor.check_parent_threads(None, cores=8, workers=8, environ={})
+    assert "not installed" in c.detail
+    assert doctor.torch_default_threads() >= 1

@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("protocol", ["shmvec._protocol", "shmvec._errors", "shmvec._copyguard", "shmvec._crash", "shmvec._segment"]),
     ("values", ["shmvec._actions", "shmvec._layout", "shmvec._masks", "shmvec._pickled_leaves"]),
     ("factories", ["shmvec._pickling", "shmvec._seeds", "shmvec._machine", "shmvec._describe", "shmvec.factories",
-                   "shmvec._registrations", "shmvec._options", "shmvec._agents"]),
+                   "shmvec._registrations", "shmvec._options", "shmvec._agents", "shmvec._threads"]),
     ("worker", ["shmvec._worker", "shmvec._pool"]),
     ("engine parts", ["shmvec._state", "shmvec._leases", "shmvec._workers", "shmvec._channel", "shmvec._restarts", "shmvec._engine"]),
     ("front-ends", ["shmvec.shm_vec_env", "shmvec.shm_vector_env", "shmvec.env_pool", "shmvec.vec_env_pool",

@@ -1,0 +1,188 @@
+"""The parent's torch threads while workers step envs: what is decided, why, and when it is undone.
+
+Why
+---
+Between two steps the parent runs the policy.  torch's intra-op pool (OpenMP) has, by default,
+one thread per CPU, and after each parallel region its threads keep spinning for a while before
+they sleep (libgomp's ``GOMP_SPINCOUNT``): on the very cores where shmvec's workers must run the
+next step, right when they must run it.  A worker woken on a core where such a thread spins
+waits for it; a step of a few tens of microseconds then takes the spinner's time slice.
+``DummyVecEnv`` does not see this (it steps in the parent's own thread), so a user who swaps
+``vec_env_cls`` with torch at its default threads got a run several times slower than
+``DummyVecEnv`` (docs/benchmarks.md, "Training").  The pool cannot be told to stop spinning once
+torch is loaded (libgomp reads ``OMP_WAIT_POLICY`` when it loads), but it spins only on the
+threads it has: fewer threads, fewer spinners.  TorchRL's ``ParallelEnv`` does the same
+(``num_threads``: the parent's threads minus the workers).
+
+What (the ``parent_threads`` option, one decision per engine)
+------------------------------------------------------------
+- ``"auto"`` (default): when torch is loaded in this process (checked when the engine starts and
+  again at each reset until it is), ``OMP_NUM_THREADS`` is not set, and torch's intra-op threads
+  exceed the cores the workers leave free (``max(1, CPU budget - n_workers)``,
+  :func:`shmvec._machine.usable_cores`), torch is set to that many threads for as long as a vec
+  env of this process holds its workers; a :class:`ParentThreadsWarning` says so once per
+  process, with the way to keep torch's count.
+- an int ``n``: torch is set to ``n`` threads the same way, without a warning.
+- ``None``: torch is left as it is.
+
+When it is undone
+-----------------
+Every engine that changed the count holds it; when the last one closes, the count from before
+the first change comes back, unless the user set another count in the meantime (then theirs
+stays).  A forked child inherits the count and the holders; its engines never close the
+parent's workers (state FORKED), so they never restore anything there.
+
+Only this process's torch is touched: workers cap their own threads (``worker_threads``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from shmvec._errors import ParentThreadsWarning
+from shmvec._machine import usable_cores
+
+__all__ = ["AUTO", "ParentThreadsWarning", "Decision", "check_parent_threads", "decide", "release"]
+
+AUTO = "auto"
+# Environment variables by which a user sets the thread count of torch's pools before it loads.
+USER_SET_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@dataclass
+class Decision:
+    """What an engine decided about the parent's torch threads (``describe()``, the doctor)."""
+
+    option: Any  # "auto", an int, or None, as given
+    before: int | None = None  # torch's intra-op threads when decided (None: torch not loaded)
+    after: int | None = None  # what torch was set to (None: left as it was)
+    reason: str = "torch is not loaded in this process (checked again at each reset)"
+    final: bool = False  # decided for good (torch was loaded, or the option says to leave it)
+    holds: bool = False  # this engine holds a changed count (released at its close)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"option": self.option, "before": self.before, "after": self.after, "reason": self.reason}
+
+
+def check_parent_threads(value: Any) -> Any:
+    """``parent_threads`` as given, checked: ``"auto"``, ``None`` or a whole number >= 1."""
+    if value is None or value == AUTO:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"parent_threads must be 'auto', None (leave torch as it is) or a number of threads, "
+                        f"not {value!r}")
+    if value < 1:
+        raise ValueError(f"parent_threads must be at least 1, got {value}")
+    return value
+
+
+# The process's holders: engines that changed torch's count; the count from before the first change.
+_lock = threading.Lock()
+_holders = 0
+_restore_to: int | None = None
+_set_to: int | None = None
+_warned = False
+
+
+def _reset_after_fork() -> None:
+    global _lock, _holders, _restore_to, _set_to
+    _lock = threading.Lock()
+    _holders, _restore_to, _set_to = 0, None, None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def decide(decision: Decision, n_workers: int, public_name: str = "ShmVecEnv", cores: int | None = None) -> Decision:
+    """Decides and applies ``decision`` (again at each call while torch is not loaded; at once
+    when decided); returns it.  ``cores``: the CPU budget (default :func:`usable_cores`)."""
+    global _holders, _restore_to, _set_to, _warned
+    if decision.final:
+        return decision
+    cores = usable_cores() if cores is None else cores
+    option = decision.option
+    if option is None:
+        decision.reason, decision.final = "parent_threads=None: torch's threads are left as they are", True
+        return decision
+    torch = sys.modules.get("torch")
+    set_threads = getattr(torch, "set_num_threads", None)
+    if torch is None or set_threads is None:
+        return decision  # not loaded yet: again at the next reset
+    decision.final = True
+    before = int(torch.get_num_threads())
+    decision.before = before
+    free = max(1, cores - n_workers)
+    if option == AUTO:
+        user_set = [name for name in USER_SET_VARS if os.environ.get(name)]
+        if user_set:
+            decision.reason = f"{user_set[0]} is set: torch's {before} threads are the user's choice, left as they are"
+            return decision
+        if before <= free:
+            decision.reason = (f"torch runs {before} thread(s), no more than the {free} core(s) the {n_workers} "
+                               f"worker(s) leave free of {cores}: left as they are")
+            return _join(decision, before)
+        target = free
+        decision.reason = (f"torch ran {before} threads on {cores} cores where {n_workers} worker(s) step envs: its "
+                           f"threads spin after each forward pass on the workers' cores; set to {target} (the cores "
+                           "the workers leave free, at least 1) while the workers run, restored at close")
+    else:
+        target = int(option)
+        if target == before:
+            decision.reason = f"parent_threads={target}: torch already runs {target}"
+            return _join(decision, before)
+        decision.reason = f"parent_threads={target}: set from {before} while the workers run, restored at close"
+    with _lock:
+        if _holders == 0:
+            _restore_to = before
+        _holders += 1
+        _set_to = target
+        set_threads(target)
+    decision.after, decision.holds = target, True
+    if option == AUTO and not _warned:
+        _warned = True
+        warnings.warn(
+            f"{public_name}: torch ran {before} intra-op threads in this process, on {cores} cores where "
+            f"{n_workers} workers step the envs; after each forward pass those threads keep spinning on the "
+            f"workers' cores, which made training slower than DummyVecEnv. torch now runs {target} thread(s) "
+            f"(torch.set_num_threads({target})) until the vec env closes. To keep torch's setting, pass "
+            f"parent_threads=None, or set OMP_NUM_THREADS before starting Python.",
+            ParentThreadsWarning, stacklevel=5)
+    return decision
+
+
+def _join(decision: Decision, now: int) -> Decision:
+    """No change needed because another engine of this process changed the count: hold it too, so
+    that the count is restored only when the last of them closes."""
+    global _holders
+    with _lock:
+        if _holders and now == _set_to:
+            _holders += 1
+            decision.holds = True
+            decision.reason += " (another vec env of this process set it; restored when the last closes)"
+    return decision
+
+
+def release(decision: Decision | None) -> None:
+    """At an engine's close: drops its hold; the last holder restores torch's count (if the user
+    did not change it in the meantime).  None (an engine that never got that far): nothing."""
+    global _holders, _restore_to, _set_to
+    if decision is None or not decision.holds:
+        return
+    decision.holds = False
+    with _lock:
+        if _holders == 0:
+            return  # a forked child's copy of the parent's engine: the child holds nothing
+        _holders -= 1
+        if _holders:
+            return
+        torch = sys.modules.get("torch")
+        restore, set_to = _restore_to, _set_to
+        _restore_to = _set_to = None
+        if torch is not None and restore is not None and int(torch.get_num_threads()) == set_to:
+            torch.set_num_threads(restore)
