@@ -34,6 +34,7 @@ import numpy as np
 
 from shmvec._bench import backends as B
 from shmvec._bench import scaling
+from shmvec._bench import training as T
 from shmvec._bench.envs import check_env_name, env_missing, env_names, is_multiagent
 from shmvec._bench.measures import Ceiling, bare_loop_sps, cores, median_ratio, side_by_side, summarize_latency
 from shmvec._bench.remote import RemoteBackend, RemoteError, footprint
@@ -47,12 +48,14 @@ CEILING = "bare loops at once"  # the ceiling stepper's name in the rounds (neve
 #: ``--preset``: named sets of defaults; options given on the command line win.
 PRESETS: dict[str, dict[str, Any]] = {
     # About a minute on 2 cores: the README's main command.
-    "quick": {"envs": ["CartPole-v1"], "n_envs": [8, 64], "seconds": 2.0, "footprint_at": None},
+    "quick": {"envs": ["CartPole-v1"], "n_envs": [8, 64], "seconds": 2.0, "footprint_at": None,
+              "training_points": ["CartPole-v1:8", "CartPole-v1:64"]},
     # Every env of the issue at 1..64 envs (about 8 minutes on 2 cores): the README's figures.
     "full": {
         "envs": ["CartPole-v1", "busy-200us", "image-84x84x4", "image-210x160x3", "CartPole-info", "dict-obs"],
         "n_envs": [1, 4, 16, 64], "seconds": 2.0,
         "footprint_at": ["CartPole-v1:64", "image-84x84x4:64"],
+        "training_points": ["CartPole-v1:8", "CartPole-v1:64", "image-84x84x4:8", "image-84x84x4:64"],
     },
     # The three comparisons issue 6 sets goals for, 5 s each (about 2 minutes on 2 cores).
     "targets": {
@@ -86,6 +89,9 @@ class Config:
     footprint: bool = True
     latency: bool = True
     latency_steps: int = 200
+    # Where users train (shmvec._bench.training): situations measured at training_points ("ENV:N").
+    situations: list[str] = field(default_factory=lambda: ["random", "policy", "busy"])
+    training_points: list[str] | None = None
 
 
 def check_puffer_python(python: str | None) -> str | None:
@@ -167,16 +173,19 @@ def run(config: Config, progress: Progress | None = None) -> dict[str, Any]:
     points = _points(config)
     envs = list(dict.fromkeys(env for env, _ in points))
     foot = _footprint_points(config) if config.footprint else []
-    total = len(envs) + len(points) * config.rounds + len(foot) * len(names) + (len(names) if config.latency else 0)
+    train = parse_points(config.training_points or []) if config.situations else []
+    total = (len(envs) + len(points) * config.rounds + len(foot) * len(names) + (len(names) if config.latency else 0)
+             + len(train) * config.rounds * (1 + ("busy" in config.situations)))
     progress = progress or Progress(total, enabled=False)
     progress.total = max(total, 1)
     results: dict[str, Any] = {
         "version": RESULTS_VERSION, "machine": machine(), "config": asdict(config),
         "limit_cores": min(config.workers, cores()),
         "bare": {}, "limit": {}, "ceiling": [], "points": [], "shmvec_vs": {}, "pairs": [], "footprint": [],
-        "latency": [],
+        "latency": [], "training": [],
         "skipped": skipped,
     }
+    load = T.machine_load().before()
     results["reference"] = {env: B.reference(env) for env in envs}
     results["ours"] = {env: B.ours(env) for env in envs}
     for env in envs:
@@ -206,8 +215,27 @@ def run(config: Config, progress: Progress | None = None) -> dict[str, Any]:
             progress.advance()
     if config.latency:
         _latency(config, names, results, progress)
+    for env, n_envs in train:
+        _measure_training(env, n_envs, names, config, results, progress)
+    results["load"] = load.after().as_dict()
     progress.finish()
     return results
+
+
+def _measure_training(env: str, n_envs: int, names: list[str], config: Config, results: dict[str, Any],
+                      progress: Progress) -> None:
+    """shmvec and the in-process vec env of the same API, in each situation (shmvec._bench.training)."""
+    pairs = [n for pair in T.PAIRS.items() for n in pair if n in names and B.get(n).supports(env)]
+    if env_missing(env) or not pairs:
+        results["skipped"].append({"env": env, "n_envs": n_envs, "reason": "where users train: "
+                                   + (f"env not built: {env_missing(env)}" if env_missing(env) else
+                                      "none of " + ", ".join(n for pair in T.PAIRS.items() for n in pair) + " runs")})
+        return
+    progress.show(f"{env} x {n_envs}: where users train ({', '.join(config.situations)})")
+    results["training"] += T.measure_point(env, n_envs, pairs, B.BuildSpec(env, n_envs, config.workers,
+                                                                           config.start_method),
+                                           config.situations, config.seconds, config.rounds, results["skipped"],
+                                           tick=lambda: progress.advance(f"{env} x {n_envs}: where users train"))
 
 
 def _measure_point(env: str, n_envs: int, runnable: list[str], config: Config, results: dict[str, Any],
@@ -367,6 +395,7 @@ def format_table(results: dict[str, Any]) -> str:
         lines.append(f"{'backend':<16}{'median us':>10}{'p90 us':>10}")
         for r in results["latency"]:
             lines.append(f"{r['backend']:<16}{r['median_us']:>10.1f}{r['p90_us']:>10.1f}")
+    lines += T.format_text(results.get("training", []), _ratio)
     if results["skipped"]:
         lines.append("\nSkipped:")
         seen = set()
@@ -377,6 +406,8 @@ def format_table(results: dict[str, Any]) -> str:
                 seen.add(line)
                 lines.append(line)
     lines.append("\nRatios hold across machines; absolute steps/s do not. Compare backends within one run.")
+    for warning in results.get("load", {}).get("warnings", []):
+        lines.append(f"WARNING: {warning}")
     return "\n".join(lines)
 
 
@@ -431,6 +462,7 @@ def format_markdown(results: dict[str, Any]) -> str:
                 "|---|---:|---|---|---:|"]
         for q in results["pairs"]:
             out.append(f"| {q['env']} | {q['n_envs']} | {q['backend']} | {q['versus']} | {_ratio(q['ratio'])} |")
+    out += T.format_markdown(results.get("training", []), _ratio)
     if results["footprint"]:
         kind = results["footprint"][0]["memory_kind"].upper()
         out += ["", f"Start-up (construct + first reset) and memory ({kind} of all processes; added = after - before "
@@ -492,6 +524,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-processes", type=int, metavar="N",
                    help="scaling: processes of the one-process-per-env backends (SubprocVecEnv, AsyncVectorEnv) at "
                         "most; past it they step N envs (default: 2 x the cores)")
+    p.add_argument("--situations", nargs="*", choices=list(T.SITUATIONS), metavar="SITUATION",
+                   help="where users train, measured at --training-points for ShmVecEnv x DummyVecEnv and ShmVectorEnv "
+                        "x SyncVectorEnv: random (random actions), policy (a policy picks the actions, torch at its "
+                        "default threads), busy (another process keeps a core busy); default all three, none to skip")
+    p.add_argument("--training-points", nargs="+", metavar="ENV:N",
+                   help="where to measure the situations (default: the preset's; quick: CartPole-v1 at 8 and 64)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--plot", metavar="DIR", help="also write throughput.png and footprint.png into DIR "
                                                  "(needs shmvec[plot])")
@@ -518,6 +556,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
         parse_points(points)
     if args.footprint_at:
         parse_points(args.footprint_at)
+    training_points = args.training_points
+    if training_points is None and (args.envs or args.n_envs or args.points):  # the run's own single-agent points
+        own = parse_points(points) if points else [(e, n) for e in envs for n in (args.n_envs or preset["n_envs"])]
+        training_points = [f"{e}:{n}" for e, n in own if not is_multiagent(e)]
+    elif training_points is None:
+        training_points = preset.get("training_points")
+    parse_points(training_points or [])
     return Config(
         envs=envs, n_envs=args.n_envs or preset["n_envs"], backends=backends, points=points,
         workers=args.workers or cores(), seconds=args.seconds if args.seconds is not None else preset["seconds"],
@@ -525,6 +570,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         footprint_at=args.footprint_at or preset["footprint_at"],
         footprint=not args.no_footprint and (preset.get("footprint", True) or bool(args.footprint_at)),
         latency=not args.no_latency and preset.get("latency", True),
+        situations=list(T.SITUATIONS) if args.situations is None else args.situations,
+        training_points=training_points,
     )
 
 
