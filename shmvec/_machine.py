@@ -3,6 +3,8 @@
 - :func:`cpu_budget` (and :func:`usable_cores`, its number): how many workers this process should
   run, from the physical cores, the affinity mask and the cgroup CPU quota, with what was found
   and why; the default of ``n_workers``, and the core the parent spins on when workers leave one;
+- :func:`cores_taken`: the cores of the budget that other processes keep busy as a vec env starts
+  (the default ``n_workers`` leaves them out, and the parent spins only on a core left free);
 - :func:`default_start_method`: the default of ``start_method``;
 - :func:`cpu_sets`: the cores each worker is pinned to (the ``cpu_affinity`` option);
 - :func:`set_forkserver_preload`: modules multiprocessing's forkserver imports once (the
@@ -49,7 +51,8 @@ import numpy as np
 
 from shmvec._errors import user_stacklevel
 
-__all__ = ["CpuBudget", "cpu_budget", "usable_cores", "default_start_method", "cpu_sets", "set_forkserver_preload"]
+__all__ = ["CpuBudget", "cpu_budget", "usable_cores", "cores_taken", "default_start_method", "cpu_sets",
+           "set_forkserver_preload"]
 
 _CPU_DIR = "sys/devices/system/cpu"
 
@@ -133,6 +136,75 @@ def usable_cores() -> int:
     """The workers this process should run, one per core it can really use: :func:`cpu_budget`'s
     choice (physical cores, affinity, cgroup quota)."""
     return cpu_budget().chosen
+
+
+#: How long :func:`cores_taken` watches the CPUs, and from how busy a core counts as taken.
+BUSY_SAMPLE_S = 0.04
+TAKEN_FROM = 0.7
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What :func:`cores_taken` saw: ``cores`` of the budget taken by other processes (whole
+    cores), ``busy`` (cores' worth of CPU time they used, None where not measured), and why."""
+
+    cores: int
+    busy: float | None
+    reason: str
+
+
+def cores_taken(budget: CpuBudget | None = None, seconds: float = BUSY_SAMPLE_S, root: str = "/") -> Taken:
+    """The cores of ``budget`` that other processes keep busy now, watched for ``seconds`` while
+    this process sleeps (``/proc/stat``'s per-CPU counters over this process's affinity, less
+    this process's own CPU time).
+
+    A worker on such a core waits behind the other process for the scheduler's tick, and a
+    synchronous step waits for its last worker: one worker fewer, on the cores left, is faster
+    (docs/benchmarks.md, "Where users train").  A core counts as taken from ``TAKEN_FROM`` of it
+    busy; at least one core is left.  Not measured (``cores=0``) where the budget comes from a
+    cgroup quota (the CPUs are then shared with other groups by design, and their load is not
+    this process's to avoid) or where ``/proc/stat`` cannot be read.
+    """
+    budget = budget or cpu_budget(root)
+    if budget.chosen <= 1:
+        return Taken(0, None, "one core: nothing to leave out")
+    if budget.quota is not None and math.floor(budget.quota) < budget.affinity:
+        return Taken(0, None, "a cgroup CPU quota sets the budget: the load of other groups is not measured")
+    try:
+        cpus = {f"cpu{c}" for c in os.sched_getaffinity(0)}
+    except AttributeError:  # pragma: no cover - not Linux
+        return Taken(0, None, "no affinity mask to read")
+    try:
+        import time
+
+        before, own0, t0 = _cpu_times(root, cpus), time.process_time(), time.monotonic()
+        time.sleep(seconds)
+        after, own1, t1 = _cpu_times(root, cpus), time.process_time(), time.monotonic()
+    except (OSError, ValueError, IndexError):
+        return Taken(0, None, "/proc/stat cannot be read")
+    busy = 0.0
+    for cpu, (total, idle) in after.items():
+        if cpu in before and total > before[cpu][0]:
+            busy += 1 - (idle - before[cpu][1]) / (total - before[cpu][0])
+    busy = max(0.0, busy - (own1 - own0) / max(t1 - t0, 1e-9))
+    taken = min(budget.chosen - 1, int(busy + (1 - TAKEN_FROM)))
+    if taken:
+        return Taken(taken, round(busy, 2), f"other processes kept {busy:.1f} of the {budget.chosen} cores busy as "
+                     "it started: a worker there would wait behind them")
+    return Taken(0, round(busy, 2), f"other processes kept {busy:.1f} cores busy as it started")
+
+
+def _cpu_times(root: str, cpus: set[str]) -> dict[str, tuple[int, int]]:
+    """(total, idle) jiffies of each CPU of ``cpus`` from ``/proc/stat``."""
+    out = {}
+    with open(os.path.join(root, "proc/stat")) as f:
+        for line in f:
+            name, _, rest = line.partition(" ")
+            if name in cpus:
+                v = [int(x) for x in rest.split()]
+                # user nice system idle iowait irq softirq steal (guest is inside user)
+                out[name] = (sum(v[:8]), v[3] + v[4])
+    return out
 
 
 def _read(path: str) -> str | None:

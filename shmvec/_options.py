@@ -23,7 +23,7 @@ from shmvec import _protocol as P
 from shmvec import factories as F
 from shmvec._actions import INVALID_ACTIONS
 from shmvec._layout import split_envs
-from shmvec._machine import cpu_budget, cpu_sets, default_start_method, usable_cores
+from shmvec._machine import Taken, cores_taken, cpu_budget, cpu_sets, default_start_method, usable_cores
 from shmvec._threads import AUTO, check_parent_threads
 
 ON_FAILURE = ("raise", "restart")
@@ -34,10 +34,11 @@ DEFAULT_WORKER_SPIN_US = 5000.0
 DEFAULT_PARENT_SPIN_US = 1000.0
 
 
-def default_n_workers(n_envs: int) -> int:
+def default_n_workers(n_envs: int, taken: int = 0) -> int:
     """No more workers than the CPU budget (physical cores this process may run on, within its
-    cgroup CPU quota: :func:`shmvec._machine.cpu_budget`), nor than envs."""
-    return max(1, min(n_envs, usable_cores()))
+    cgroup CPU quota: :func:`shmvec._machine.cpu_budget`) less the cores other processes keep
+    busy (``taken``, :func:`shmvec._machine.cores_taken`), nor than envs."""
+    return max(1, min(n_envs, usable_cores() - taken))
 
 
 def spin_pair(spin_us: Any) -> tuple[float, float]:
@@ -111,6 +112,7 @@ class Options:
     slices: tuple[range, ...]
     autoreset: str  # how workers reset finished envs (shmvec._protocol)
     public_name: str  # the class the user holds, named in errors
+    taken: Taken  # the cores other processes kept busy as it started (the defaults leave them out)
     given: Mapping[str, Any]  # the constructor's arguments but the factories, as passed (describe())
 
     @property
@@ -125,16 +127,19 @@ class Options:
         else:
             budget = cpu_budget()
             why_workers = f"the CPU budget, {budget.chosen} ({budget.reason}), at most one per env"
+            if self.taken.cores:
+                why_workers += f", less {self.taken.cores}: {self.taken.reason}"
         parent_us, worker_us = self.parent_spin_s * 1e6, self.worker_spin_s * 1e6
         if given.get("spin_us") is not None:
             why_spin = "as given"
         elif parent_us:
-            why_spin = ("fewer workers than cores: the parent spins on a core of its own; workers spin only while "
-                        "the parent answers within their budget")
+            why_spin = ("fewer workers than free cores: the parent spins on a core of its own; workers spin only "
+                        "while the parent answers within their budget")
         else:
-            why_spin = ("a worker on every core: the parent sleeps (it would take a worker's core); workers spin "
-                        "only while the parent answers within their budget")
-        return {"n_workers": {"value": self.n_workers, "why": why_workers},
+            why_spin = ("no core free of workers" + (" and other processes" if self.taken.cores else "") + ": the "
+                        "parent sleeps (it would take a busy core); workers spin only while the parent answers "
+                        "within their budget")
+        return {"n_workers": {"value": self.n_workers, "why": why_workers, "busy_elsewhere": self.taken.busy},
                 "spin_us": {"parent": parent_us, "worker": worker_us, "why": why_spin}}
 
     @classmethod
@@ -201,7 +206,9 @@ class Options:
                 raise ValueError(f"n_workers={n_workers} contradicts envs_per_worker={envs_per_worker} for "
                                  f"{n_envs} envs ({needed} workers): pass one of them")
             n_workers = needed
-        n_workers = default_n_workers(n_envs) if n_workers is None else n_workers
+        # Other processes' load, sampled once (a few tens of ms) where a default depends on it.
+        taken = cores_taken() if (n_workers is None or spin_us is None) and n_envs > 1 else Taken(0, None, "")
+        n_workers = default_n_workers(n_envs, taken.cores) if n_workers is None else n_workers
         if not 1 <= n_workers <= n_envs:
             raise ValueError(f"n_workers must be in [1, {n_envs}] for {n_envs} envs, got {n_workers}")
         start_method = start_method or default_start_method()
@@ -222,14 +229,16 @@ class Options:
         if preload and start_method != "forkserver":
             raise ValueError(f"preload applies to start_method='forkserver' only, not {start_method!r}")
         if spin_us is None:
-            spin_us = (DEFAULT_PARENT_SPIN_US if n_workers < usable_cores() else 0.0, DEFAULT_WORKER_SPIN_US)
+            # The parent spins only on a core that no worker and no other process keeps busy.
+            spin_us = (DEFAULT_PARENT_SPIN_US if n_workers < usable_cores() - taken.cores else 0.0,
+                       DEFAULT_WORKER_SPIN_US)
         parent_us, worker_us = spin_pair(spin_us)
         options = cls(
             n_envs=n_envs, n_workers=n_workers, start_method=start_method, copy=copy, worker_threads=worker_threads,
             timeout=timeout, parent_spin_s=max(0.0, parent_us) * 1e-6, worker_spin_s=max(0.0, worker_us) * 1e-6,
             mailbox_bytes=mailbox_bytes, on_failure=on_failure, max_restarts=max_restarts,  # type: ignore[arg-type]
             invalid_actions=invalid_actions, cpu_sets=tuple(sets), preload=tuple(preload or ()),
-            action_masks=action_masks, zero_copy=zero_copy, parent_threads=parent_threads, slices=tuple(split_envs(n_envs, n_workers)), autoreset=autoreset,
+            action_masks=action_masks, zero_copy=zero_copy, parent_threads=parent_threads, taken=taken, slices=tuple(split_envs(n_envs, n_workers)), autoreset=autoreset,
             public_name=public_name, given=MappingProxyType(given),
         )
         return options, env_fns

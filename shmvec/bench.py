@@ -91,6 +91,7 @@ class Config:
     latency_steps: int = 200
     # Where users train (shmvec._bench.training): situations measured at training_points ("ENV:N").
     situations: list[str] = field(default_factory=lambda: ["random", "policy", "busy"])
+    workers_given: bool = False  # --workers: the training situations then pass it to shmvec too
     training_points: list[str] | None = None
 
 
@@ -232,8 +233,8 @@ def _measure_training(env: str, n_envs: int, names: list[str], config: Config, r
                                       "none of " + ", ".join(n for pair in T.PAIRS.items() for n in pair) + " runs")})
         return
     progress.show(f"{env} x {n_envs}: where users train ({', '.join(config.situations)})")
-    results["training"] += T.measure_point(env, n_envs, pairs, B.BuildSpec(env, n_envs, config.workers,
-                                                                           config.start_method),
+    spec = B.BuildSpec(env, n_envs, config.workers, config.start_method, shm_defaults=not config.workers_given)
+    results["training"] += T.measure_point(env, n_envs, pairs, spec,
                                            config.situations, config.seconds, config.rounds, results["skipped"],
                                            tick=lambda: progress.advance(f"{env} x {n_envs}: where users train"))
 
@@ -571,6 +572,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         footprint=not args.no_footprint and (preset.get("footprint", True) or bool(args.footprint_at)),
         latency=not args.no_latency and preset.get("latency", True),
         situations=list(T.SITUATIONS) if args.situations is None else args.situations,
+        workers_given=args.workers is not None,
         training_points=training_points,
     )
 

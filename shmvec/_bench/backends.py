@@ -28,6 +28,7 @@ class BuildSpec:
     n_envs: int
     workers: int
     start_method: str = "fork"
+    shm_defaults: bool = False  # shmvec's front-ends with their default n_workers (not ``workers``)
 
 
 @dataclass
@@ -85,10 +86,14 @@ def _subproc(spec: BuildSpec) -> Handle:
     return _handle(venv, spec, venv.reset, None)
 
 
+def _shm_workers(spec: BuildSpec) -> int | None:
+    return None if spec.shm_defaults else min(spec.workers, spec.n_envs)
+
+
 def _shm(spec: BuildSpec) -> Handle:
     from shmvec import ShmVecEnv
 
-    venv = ShmVecEnv([EnvFactory(spec.env)] * spec.n_envs, n_workers=min(spec.workers, spec.n_envs),
+    venv = ShmVecEnv([EnvFactory(spec.env)] * spec.n_envs, n_workers=_shm_workers(spec),
                      start_method=spec.start_method)
     venv.seed(0)
     return _handle(venv, spec, venv.reset, venv.n_workers)
@@ -439,7 +444,7 @@ if _optional_module("shmvec.shm_vector_env"):  # pragma: no cover - depends on t
     def _shm_vector(spec: BuildSpec) -> Handle:
         from shmvec.shm_vector_env import ShmVectorEnv  # type: ignore[import-not-found]
 
-        venv = ShmVectorEnv([EnvFactory(spec.env)] * spec.n_envs, n_workers=min(spec.workers, spec.n_envs),
+        venv = ShmVectorEnv([EnvFactory(spec.env)] * spec.n_envs, n_workers=_shm_workers(spec),
                             start_method=spec.start_method)
         return _handle(venv, spec, lambda: venv.reset(seed=0), venv.n_workers)
 

@@ -278,28 +278,38 @@ class machine_load:
 def measure_point(env: str, n_envs: int, names: list[str], spec: Any, situations: list[str], seconds: float,
                   rounds: int, skipped: list[dict[str, Any]], tick: Any = lambda: None) -> list[dict[str, Any]]:
     """Each backend of ``names`` (the :data:`PAIRS`) at one point, in each situation: random and
-    policy in the same alternating rounds, busy in rounds of its own while a :class:`Hog` runs."""
+    policy in the same alternating rounds; busy in rounds of its own, the backends built again
+    while a :class:`Hog` runs (so that their defaults see the machine as it is)."""
     import torch
 
     from shmvec._bench.measures import median_ratio, side_by_side
     from shmvec._bench.session import LocalBackend, describe_error
 
     default_threads = torch.get_num_threads()
-    opened: dict[str, Any] = {}
     threads: dict[str, int] = {}
-    steppers: dict[str, Any] = {}
-    out: list[dict[str, Any]] = []
+    figures: dict[str, list[float]] = {}
 
     def failed(key: str, e: Exception) -> None:
         situation, name = key.split("|")
         skipped.append({"backend": name, "env": env, "n_envs": n_envs, "situation": situation,
                         "reason": f"failed while stepping: {describe_error(e)}"})
 
-    try:
-        for name in names:
-            torch.set_num_threads(default_threads)  # as if it were the only vec env of the process
-            try:
-                opened[name] = backend = LocalBackend(name, spec)
+    def rounds_of(quiet: bool) -> None:
+        """Builds every backend (each as if it were the process's only vec env), then measures."""
+        opened: dict[str, Any] = {}
+        steppers: dict[str, Any] = {}
+        try:
+            for name in names:
+                torch.set_num_threads(default_threads)
+                try:
+                    opened[name] = backend = LocalBackend(name, spec)
+                except Exception as e:  # noqa: BLE001 - reported, the others go on
+                    skipped.append({"backend": name, "env": env, "n_envs": n_envs,
+                                    "reason": f"failed to build or step: {describe_error(e)}"})
+                    continue
+                if not quiet:
+                    steppers[f"busy|{name}"] = backend
+                    continue
                 threads[name] = torch.get_num_threads()
                 if "random" in situations:
                     steppers[f"random|{name}"] = backend
@@ -310,26 +320,27 @@ def measure_point(env: str, n_envs: int, names: list[str], spec: Any, situations
                         name, backend.handle.step, first[0] if isinstance(first, tuple) else first, spec.n_envs,
                         getattr(venv, "single_observation_space", venv.observation_space),
                         getattr(venv, "single_action_space", venv.action_space), threads[name])
-            except Exception as e:  # noqa: BLE001 - reported, the others go on
-                skipped.append({"backend": name, "env": env, "n_envs": n_envs,
-                                "reason": f"failed to build or step: {describe_error(e)}"})
-        figures = side_by_side(steppers, seconds, rounds, tick, on_error=failed) if steppers else {}
-        if "busy" in situations and opened:
-            with Hog():
-                time.sleep(0.2)  # let the scheduler place it
-                figures |= side_by_side({f"busy|{n}": b for n, b in opened.items()}, seconds, rounds, tick,
-                                        on_error=failed)
-    finally:
-        for backend in opened.values():
-            backend.close()
-        torch.set_num_threads(default_threads)
+            if steppers:
+                figures.update(side_by_side(steppers, seconds, rounds, tick, on_error=failed))
+        finally:
+            for backend in opened.values():
+                backend.close()
+            torch.set_num_threads(default_threads)
+
+    if {"random", "policy"} & set(situations):
+        rounds_of(quiet=True)
+    if "busy" in situations:
+        with Hog():
+            time.sleep(0.3)  # running before the vec envs start, as a job already on the machine
+            rounds_of(quiet=False)
+    out: list[dict[str, Any]] = []
     for key, rounds_ in figures.items():
         situation, name = key.split("|")
         ref = PAIRS.get(name)
         ref_rounds = figures.get(f"{situation}|{ref}") if ref else None
         out.append({"situation": situation, "env": env, "n_envs": n_envs, "backend": name,
                     "steps_per_s": float(np.median(rounds_)), "rounds": rounds_,
-                    "torch_threads": threads[name] if situation == "policy" else None,
+                    "torch_threads": threads.get(name) if situation == "policy" else None,
                     "reference": ref, "ratio": median_ratio(rounds_, ref_rounds) if ref_rounds else None})
     return out
 
