@@ -9,6 +9,13 @@ many extra microseconds of CPU (a stand-in for a costlier simulator than CartPol
     python bench/ppo_wallclock.py                          # n_envs 8, 64, 256
     python bench/ppo_wallclock.py --n-envs 64 --busy-us 50 --subproc
 
+``--torch-threads`` sets torch's threads for every run: ``default`` (torch's own count, as a
+training script that does not set it: shmvec's ``parent_threads`` then decides for ShmVecEnv's
+runs, as it would for the user) or a number (``1``: what a tuned script sets for everyone).  Both
+can be given; each is its own table::
+
+    python bench/ppo_wallclock.py --n-envs 16 64 --steps 32768 --repeat 2 --torch-threads default 1
+
 Absolute times depend on the machine (and on its load); compare the runs of one call.
 """
 
@@ -81,7 +88,7 @@ class RolloutTimer(BaseCallback):
         return True
 
 
-def run(cls, n_envs: int, args: argparse.Namespace) -> dict:
+def run(cls, n_envs: int, args: argparse.Namespace, threads: int) -> dict:
     wrapper = (lambda env: BusyStep(env, args.busy_us)) if args.busy_us > 0 else None
     kwargs = None
     if cls is ShmVecEnv:
@@ -90,6 +97,7 @@ def run(cls, n_envs: int, args: argparse.Namespace) -> dict:
             if len(args.spin_us) > 2:
                 raise SystemExit("--spin-us takes one number (both sides) or two (PARENT WORKER)")
             kwargs["spin_us"] = args.spin_us[0] if len(args.spin_us) == 1 else tuple(args.spin_us)
+    torch.set_num_threads(threads)  # each run starts from the count being measured
     start = time.perf_counter()
     env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=0, vec_env_cls=cls, wrapper_class=wrapper,
                        vec_env_kwargs=kwargs)
@@ -102,9 +110,10 @@ def run(cls, n_envs: int, args: argparse.Namespace) -> dict:
         start = time.perf_counter()
         model.learn(args.steps, callback=timer)
         total = time.perf_counter() - start
+        ran_threads = torch.get_num_threads()
     finally:
         env.close()
-    return {"backend": cls.__name__, "n_envs": n_envs, "steps": model.num_timesteps, "startup_s": startup,
+    return {"backend": cls.__name__, "n_envs": n_envs, "torch_threads": ran_threads, "steps": model.num_timesteps, "startup_s": startup,
             "total_s": total, "rollout_s": timer.rollout_s, "update_s": total - timer.rollout_s,
             "env_step_s": env.step_s, "policy_s": timer.rollout_s - env.step_s,
             "episodes": [(ep["r"], ep["l"]) for ep in model.ep_info_buffer],
@@ -125,42 +134,55 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs of each backend, alternating (the summary gives medians)")
     parser.add_argument("--subproc", action="store_true", help="also time SubprocVecEnv (slow at many envs)")
+    parser.add_argument("--torch-threads", nargs="+", default=["default"], metavar="N",
+                        help="torch's threads for every run: 'default' (torch's own count; ShmVecEnv's parent_threads "
+                             "decides for its runs) and/or numbers; each is measured in turn (default: default)")
     parser.add_argument("--json", help="write the results to this file")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    print(f"machine: {machine()}; torch threads 1; PPO n_steps={args.n_steps} n_epochs={args.n_epochs}, "
-          f"{args.steps} steps, busy_us={args.busy_us}, {args.repeat} alternating runs per backend")
-    header = (f"{'backend':14s} {'n_envs':>6s} {'total s':>8s} {'rollout s':>9s} {'env step s':>10s} "
+    default_threads = torch.get_num_threads()
+    counts = [default_threads if t == "default" else int(t) for t in args.torch_threads]
+    print(f"machine: {machine()}; PPO n_steps={args.n_steps} n_epochs={args.n_epochs}, "
+          f"{args.steps} steps, busy_us={args.busy_us}, {args.repeat} alternating runs per backend; torch threads "
+          + ", ".join(f"{t} ({n})" for t, n in zip(args.torch_threads, counts)))
+    header = (f"{'threads':>7s} {'backend':14s} {'n_envs':>6s} {'total s':>8s} {'rollout s':>9s} {'env step s':>10s} "
               f"{'policy s':>8s} {'update s':>8s} {'x Dummy':>8s}")
     print(header + "  same as Dummy")
     rows = []
     summary = []
-    for n_envs in args.n_envs:
-        backends = [DummyVecEnv, ShmVecEnv] + ([SubprocVecEnv] if args.subproc else [])
-        runs: dict[str, list[dict]] = {cls.__name__: [] for cls in backends}
-        for _ in range(args.repeat):
-            ref = None
-            for cls in backends:
-                r = run(cls, n_envs, args)
-                if ref is None:
-                    ref = r
-                same = r["episodes"] == ref["episodes"] and all(
-                    torch.equal(a, b) for a, b in zip(r["params"], ref["params"]))
-                r["x_dummy"] = ref["total_s"] / r["total_s"]
-                print(f"{r['backend']:14s} {n_envs:6d} {r['total_s']:8.2f} {r['rollout_s']:9.2f} "
-                      f"{r['env_step_s']:10.2f} {r['policy_s']:8.2f} {r['update_s']:8.2f} {r['x_dummy']:8.2f}  {same}")
-                row = {k: v for k, v in r.items() if k not in ("params", "episodes")} | {"same_as_dummy": same}
-                rows.append(row)
-                runs[r["backend"]].append(row)
-        for name, rs in runs.items():
-            med = {k: float(np.median([x[k] for x in rs])) for k in
-                   ("total_s", "rollout_s", "env_step_s", "policy_s", "update_s", "x_dummy")}
-            summary.append({"backend": name, "n_envs": n_envs} | med |
-                           {"x_dummy_min": min(x["x_dummy"] for x in rs), "x_dummy_max": max(x["x_dummy"] for x in rs)})
+    for label, threads in zip(args.torch_threads, counts):
+        for n_envs in args.n_envs:
+            backends = [DummyVecEnv, ShmVecEnv] + ([SubprocVecEnv] if args.subproc else [])
+            runs: dict[str, list[dict]] = {cls.__name__: [] for cls in backends}
+            for _ in range(args.repeat):
+                ref = None
+                for cls in backends:
+                    r = run(cls, n_envs, args, threads)
+                    if ref is None:
+                        ref = r
+                    # Another torch thread count (ShmVecEnv's parent_threads) may change float sums in
+                    # their last bits: the same episodes and weights equal to float precision.
+                    close = torch.equal if r["torch_threads"] == ref["torch_threads"] else (
+                        lambda a, b: torch.allclose(a, b, rtol=1e-4, atol=1e-6))
+                    same = r["episodes"] == ref["episodes"] and all(
+                        close(a, b) for a, b in zip(r["params"], ref["params"]))
+                    r["x_dummy"] = ref["total_s"] / r["total_s"]
+                    print(f"{label:>7s} {r['backend']:14s} {n_envs:6d} {r['total_s']:8.2f} {r['rollout_s']:9.2f} "
+                          f"{r['env_step_s']:10.2f} {r['policy_s']:8.2f} {r['update_s']:8.2f} {r['x_dummy']:8.2f}  {same}")
+                    row = {k: v for k, v in r.items() if k not in ("params", "episodes")} | {"same_as_dummy": same,
+                                                                                          "threads": label}
+                    rows.append(row)
+                    runs[r["backend"]].append(row)
+            for name, rs in runs.items():
+                med = {k: float(np.median([x[k] for x in rs])) for k in
+                       ("total_s", "rollout_s", "env_step_s", "policy_s", "update_s", "x_dummy")}
+                summary.append({"threads": label, "backend": name, "n_envs": n_envs} | med
+                               | {"x_dummy_min": min(x["x_dummy"] for x in rs),
+                                  "x_dummy_max": max(x["x_dummy"] for x in rs)})
     print(f"\nMedians of {args.repeat} runs (x Dummy: the median of the per-run ratios, min..max)")
     print(header)
     for m in summary:
-        print(f"{m['backend']:14s} {m['n_envs']:6d} {m['total_s']:8.2f} {m['rollout_s']:9.2f} {m['env_step_s']:10.2f} "
+        print(f"{m['threads']:>7s} {m['backend']:14s} {m['n_envs']:6d} {m['total_s']:8.2f} {m['rollout_s']:9.2f} "
+              f"{m['env_step_s']:10.2f} "
               f"{m['policy_s']:8.2f} {m['update_s']:8.2f} {m['x_dummy']:8.2f}  "
               f"({m['x_dummy_min']:.2f}..{m['x_dummy_max']:.2f})")
     if args.json:

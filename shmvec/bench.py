@@ -92,6 +92,7 @@ class Config:
     # Where users train (shmvec._bench.training): situations measured at training_points ("ENV:N").
     situations: list[str] = field(default_factory=lambda: ["random", "policy", "busy"])
     workers_given: bool = False  # --workers: the training situations then pass it to shmvec too
+    situations_given: bool = False  # --situations on the command line
     training_points: list[str] | None = None
 
 
@@ -227,6 +228,8 @@ def _measure_training(env: str, n_envs: int, names: list[str], config: Config, r
                       progress: Progress) -> None:
     """shmvec and the in-process vec env of the same API, in each situation (shmvec._bench.training)."""
     pairs = [n for pair in T.PAIRS.items() for n in pair if n in names and B.get(n).supports(env)]
+    if not pairs and not config.situations_given:
+        return  # --backends left them out
     if env_missing(env) or not pairs:
         results["skipped"].append({"env": env, "n_envs": n_envs, "reason": "where users train: "
                                    + (f"env not built: {env_missing(env)}" if env_missing(env) else
@@ -530,7 +533,8 @@ def _parser() -> argparse.ArgumentParser:
                         "x SyncVectorEnv: random (random actions), policy (a policy picks the actions, torch at its "
                         "default threads), busy (another process keeps a core busy); default all three, none to skip")
     p.add_argument("--training-points", nargs="+", metavar="ENV:N",
-                   help="where to measure the situations (default: the preset's; quick: CartPole-v1 at 8 and 64)")
+                   help="where to measure the situations (default: the preset's, quick: CartPole-v1 at 8 and 64; "
+                        "with --envs, --n-envs or --points: the run's own, when --situations is given)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--plot", metavar="DIR", help="also write throughput.png and footprint.png into DIR "
                                                  "(needs shmvec[plot])")
@@ -557,12 +561,14 @@ def config_from_args(args: argparse.Namespace) -> Config:
         parse_points(points)
     if args.footprint_at:
         parse_points(args.footprint_at)
+    # Where users train: the preset's points; a run of its own envs or points measures them there
+    # only when --situations asks for it.
     training_points = args.training_points
-    if training_points is None and (args.envs or args.n_envs or args.points):  # the run's own single-agent points
+    if training_points is None and not (args.envs or args.n_envs or args.points):
+        training_points = preset.get("training_points")
+    elif training_points is None and args.situations:
         own = parse_points(points) if points else [(e, n) for e in envs for n in (args.n_envs or preset["n_envs"])]
         training_points = [f"{e}:{n}" for e, n in own if not is_multiagent(e)]
-    elif training_points is None:
-        training_points = preset.get("training_points")
     parse_points(training_points or [])
     return Config(
         envs=envs, n_envs=args.n_envs or preset["n_envs"], backends=backends, points=points,
@@ -572,7 +578,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         footprint=not args.no_footprint and (preset.get("footprint", True) or bool(args.footprint_at)),
         latency=not args.no_latency and preset.get("latency", True),
         situations=list(T.SITUATIONS) if args.situations is None else args.situations,
-        workers_given=args.workers is not None,
+        workers_given=args.workers is not None, situations_given=args.situations is not None,
         training_points=training_points,
     )
 

@@ -659,3 +659,55 @@ def test_multiagent_bare_loop_counts_agent_steps():
     env = EnvFactory("pz-simple_spread")()
     assert isinstance(env, AgentSteps) and env.agents_per_step == 3
     assert env_loop_sps(env, 0.05) > 0
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", "image-36x36x4"])
+def test_where_users_train_measures_each_situation_for_each_pair(env, tmp_path, capsys, one_torch_thread):
+    """Random actions, a policy in the loop and a busy core, for ShmVecEnv x DummyVecEnv and
+    ShmVectorEnv x SyncVectorEnv: every pair has a ratio in every situation, in the text and markdown."""
+    import torch
+
+    out = tmp_path / "r.json"
+    torch.set_num_threads(2)  # torch's count as a script that sets none would have it on 2 cores
+    rc, cap = _run_cli(["--envs", env, "--n-envs", "2", "--backends", "DummyVecEnv", "ShmVecEnv", "SyncVectorEnv",
+                        "ShmVectorEnv", "--situations", "random", "policy", "busy", "--no-footprint", "--no-latency",
+                        "--json", str(out), *TINY], capsys)
+    assert rc == 0
+    assert torch.get_num_threads() == 2  # the run leaves torch as it found it
+    r = json.loads(out.read_text())
+    assert not r["skipped"], r["skipped"]
+    got = {(p["situation"], p["backend"]) for p in r["training"]}
+    assert got == {(s, b) for s in ("random", "policy", "busy")
+                   for b in ("DummyVecEnv", "ShmVecEnv", "SyncVectorEnv", "ShmVectorEnv")}
+    for p in r["training"]:
+        assert len(p["rounds"]) == 2 and p["steps_per_s"] > 0
+        assert (p["ratio"] > 0) if p["backend"] in ("ShmVecEnv", "ShmVectorEnv") else p["ratio"] is None
+    threads = {p["backend"]: p["torch_threads"] for p in r["training"] if p["situation"] == "policy"}
+    assert threads["DummyVecEnv"] == 2 and threads["SyncVectorEnv"] == 2  # each at the count it has alone
+    assert set(r["load"]) >= {"busy_cores_before", "steal", "warnings"}
+    assert "Where users train" in cap.out and "ShmVectorEnv x SyncVectorEnv" in cap.out
+    assert bench.main(["--from-json", str(out), "--markdown"]) == 0
+    md = capsys.readouterr().out
+    assert f"| policy | {env} | 2 |" in md and f"| busy | {env} | 2 |" in md
+
+
+def test_the_quick_preset_measures_where_users_train_at_8_and_64():
+    config = bench.config_from_args(bench._parser().parse_args([]))
+    assert config.training_points == ["CartPole-v1:8", "CartPole-v1:64"]
+    assert config.situations == ["random", "policy", "busy"]
+    assert bench.config_from_args(bench._parser().parse_args(["--envs", "CartPole-v1"])).training_points is None
+    assert bench.config_from_args(bench._parser().parse_args(["--situations"])).situations == []
+
+
+def test_a_busy_machine_is_named_in_the_report():
+    from shmvec._bench.training import machine_load
+
+    load = machine_load()
+    load.busy_cores, load.loadavg, load.steal = 1.2, 2.5, 0.12
+    said = load.warnings()
+    assert len(said) == 2 and "1.2 cores busy" in said[0] and "12%" in said[1]
+    load.busy_cores, load.steal = 0.1, 0.01
+    assert load.warnings() == []
+    results = {"bare": {}, "limit_cores": 2, "points": [], "shmvec_vs": {}, "footprint": [], "latency": [],
+               "skipped": [], "load": {"warnings": ["other processes kept 1.2 cores busy"]}}
+    assert "WARNING: other processes kept 1.2 cores busy" in bench.format_table(results)
