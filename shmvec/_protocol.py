@@ -314,6 +314,9 @@ POOL_SPIN_S = 1e-3
 MIN_SPIN_S = 2e-6
 # How long a parent woken early by the worker on its core spins for the others (seconds).
 EARLY_SPIN_S = 5e-3
+# A parent that usually takes longer than this between two commands computes there (a policy's
+# forward pass): the worker on its core sleeps instead of spinning (seconds; docs/design.md).
+PARENT_COMPUTES_S = 5e-5
 # Autoreset modes of a worker (see the module docstring).
 AUTORESET_SAME_STEP = "same_step"
 AUTORESET_NEXT_STEP = "next_step"

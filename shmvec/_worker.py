@@ -255,6 +255,8 @@ class _Worker:
             spin = budget if idle_ema < budget else P.MIN_SPIN_S
             if self.sleep_next:  # the parent spins on this core until the step ends: leave it the core
                 spin, self.sleep_next = 0.0, False
+            elif idle_ema > P.PARENT_COMPUTES_S and words.load(P.PARENT_CPU) == current_cpu():
+                spin = 0.0  # the parent computes on this core between steps (a policy): leave it the core
             value = words.wait_while(seq_word, seen, P.PARENT_POLL_S, spin, sleepers_word)
             if value is None:
                 idle_ema = P.PARENT_POLL_S
