@@ -44,7 +44,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from shmvec._errors import ParentThreadsWarning
+from shmvec._errors import ParentThreadsWarning, user_stacklevel
 from shmvec._machine import usable_cores
 
 __all__ = ["AUTO", "ParentThreadsWarning", "Decision", "check_parent_threads", "decide", "release"]
@@ -148,11 +148,12 @@ def decide(decision: Decision, n_workers: int, public_name: str = "ShmVecEnv", c
         _warned = True
         warnings.warn(
             f"{public_name}: torch ran {before} intra-op threads in this process, on {cores} cores where "
-            f"{n_workers} workers step the envs; after each forward pass those threads keep spinning on the "
+            f"{n_workers} worker{'s' if n_workers != 1 else ''} step the envs; after each forward pass those "
+            f"threads keep spinning on the "
             f"workers' cores, which made training slower than DummyVecEnv. torch now runs {target} thread(s) "
             f"(torch.set_num_threads({target})) until the vec env closes. To keep torch's setting, pass "
             f"parent_threads=None, or set OMP_NUM_THREADS before starting Python.",
-            ParentThreadsWarning, stacklevel=5)
+            ParentThreadsWarning, stacklevel=user_stacklevel())
     return decision
 
 

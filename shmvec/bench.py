@@ -47,13 +47,13 @@ CEILING = "bare loops at once"  # the ceiling stepper's name in the rounds (neve
 
 #: ``--preset``: named sets of defaults; options given on the command line win.
 PRESETS: dict[str, dict[str, Any]] = {
-    # About a minute on 2 cores: the README's main command.
+    # About two minutes on 2 cores: the README's main command.
     "quick": {"envs": ["CartPole-v1"], "n_envs": [8, 64], "seconds": 2.0, "footprint_at": None,
               "training_points": ["CartPole-v1:8", "CartPole-v1:64"]},
-    # Every env of the issue at 1..64 envs (about 8 minutes on 2 cores): the README's figures.
+    # Every env at 1..64 envs, and where users train at 8 and 64 (about 15 minutes on 2 cores): the README's figures.
     "full": {
         "envs": ["CartPole-v1", "busy-200us", "image-84x84x4", "image-210x160x3", "CartPole-info", "dict-obs"],
-        "n_envs": [1, 4, 16, 64], "seconds": 2.0,
+        "n_envs": [1, 4, 8, 16, 64], "seconds": 2.0,
         "footprint_at": ["CartPole-v1:64", "image-84x84x4:64"],
         "training_points": ["CartPole-v1:8", "CartPole-v1:64", "image-84x84x4:8", "image-84x84x4:64"],
     },
@@ -497,7 +497,7 @@ def _parser() -> argparse.ArgumentParser:
                f"{', '.join(n for n in B.backend_names(all_=True) if not B.get(n).by_default)}.",
     )
     p.add_argument("--preset", choices=list(PRESETS), default="quick",
-                   help="a named set of defaults (quick: about a minute on 2 cores; full: every env, "
+                   help="a named set of defaults (quick: about two minutes on 2 cores; full: every env, "
                         "n_envs 1..64, the README's figures; targets: CartPole at 64 envs, 84x84x4 images at 64, a 200 us env at 16, 5 s each; "
                         "scaling: steps/s against workers from 1 to the cores, at 64 to 1,024 envs; "
                         "multiagent: PettingZoo envs, ShmMultiAgentVecEnv against SuperSuit, agent steps/s); "
