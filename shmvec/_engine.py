@@ -235,6 +235,7 @@ class Engine:
         (``done_step`` is dropped by the next post)."""
         self.status.poster = None
         self.status.enter(IDLE)
+        self.threads.stepped()
 
     # ---- reset ---------------------------------------------------------------------------------------
     def reset(self, seeds: list, options: list, mask: np.ndarray | None = None, wait: bool = True) -> list[list]:
@@ -313,6 +314,7 @@ class Engine:
                     words.store(seq_word, seq)
             all_posted = True
             if code == _STEP:  # here, not in the caller: a Ctrl-C may land as post() returns
+                self.threads.posting()  # the parent's gap since the last step (shmvec._threads)
                 self.done_step = None
                 self.status.poster = get_ident()
                 self.status.enter(POSTED)

@@ -51,8 +51,8 @@ import numpy as np
 
 from shmvec._errors import user_stacklevel
 
-__all__ = ["CpuBudget", "cpu_budget", "usable_cores", "cores_taken", "default_start_method", "cpu_sets",
-           "set_forkserver_preload"]
+__all__ = ["CpuBudget", "cpu_budget", "usable_cores", "cores_taken", "note_workers", "default_start_method",
+           "cpu_sets", "set_forkserver_preload"]
 
 _CPU_DIR = "sys/devices/system/cpu"
 
@@ -138,15 +138,15 @@ def usable_cores() -> int:
     return cpu_budget().chosen
 
 
-#: How long :func:`cores_taken` watches the CPUs, and from how busy a core counts as taken.
+#: How long :func:`cores_taken` watches the CPUs, and how many times it counts the running tasks.
 BUSY_SAMPLE_S = 0.04
-TAKEN_FROM = 0.7
+SAMPLES = 8
 
 
 @dataclass(frozen=True)
 class Taken:
     """What :func:`cores_taken` saw: ``cores`` of the budget taken by other processes (whole
-    cores), ``busy`` (cores' worth of CPU time they used, None where not measured), and why."""
+    cores), ``busy`` (the median count of their running tasks, None where not measured), and why."""
 
     cores: int
     busy: float | None
@@ -155,56 +155,79 @@ class Taken:
 
 def cores_taken(budget: CpuBudget | None = None, seconds: float = BUSY_SAMPLE_S, root: str = "/") -> Taken:
     """The cores of ``budget`` that other processes keep busy now, watched for ``seconds`` while
-    this process sleeps (``/proc/stat``'s per-CPU counters over this process's affinity, less
-    this process's own CPU time).
+    this process sleeps: the median, over ``SAMPLES`` readings, of the tasks the kernel has
+    running or ready to run (``procs_running`` in ``/proc/stat``), less this process's threads
+    and the workers of its other vec envs (:func:`note_workers`) that run or are ready then.
 
     A worker on such a core waits behind the other process for the scheduler's tick, and a
     synchronous step waits for its last worker: one worker fewer, on the cores left, is faster
-    (docs/benchmarks.md, "Where users train").  A core counts as taken from ``TAKEN_FROM`` of it
-    busy; at least one core is left.  Not measured (``cores=0``) where the budget comes from a
-    cgroup quota (the CPUs are then shared with other groups by design, and their load is not
-    this process's to avoid) or where ``/proc/stat`` cannot be read.
+    (docs/design.md, "The default number of workers").  At least one core is left.  Not measured
+    (``cores=0``) where the count would not be about this process's CPUs: a budget from a cgroup
+    quota, or an affinity mask smaller than the machine (a cpuset: ``procs_running`` counts the
+    tasks of every CPU); nor where ``/proc`` cannot be read.
     """
     budget = budget or cpu_budget(root)
     if budget.chosen <= 1:
         return Taken(0, None, "one core: nothing to leave out")
     if budget.quota is not None and math.floor(budget.quota) < budget.affinity:
         return Taken(0, None, "a cgroup CPU quota sets the budget: the load of other groups is not measured")
-    try:
-        cpus = {f"cpu{c}" for c in os.sched_getaffinity(0)}
-    except AttributeError:  # pragma: no cover - not Linux
-        return Taken(0, None, "no affinity mask to read")
-    try:
-        import time
+    if budget.affinity < budget.logical:
+        return Taken(0, None, "a cpuset or affinity mask: the load of the other CPUs is not this process's")
+    import time
 
-        before, own0, t0 = _cpu_times(root, cpus), time.process_time(), time.monotonic()
-        time.sleep(seconds)
-        after, own1, t1 = _cpu_times(root, cpus), time.process_time(), time.monotonic()
+    counts = []
+    try:
+        tree = [os.getpid(), *_OWN_WORKERS]
+        for _ in range(SAMPLES):
+            running = _procs_running(root)
+            counts.append(running - _own_running(root, tree))
+            time.sleep(seconds / SAMPLES)
     except (OSError, ValueError, IndexError):
-        return Taken(0, None, "/proc/stat cannot be read")
-    busy = 0.0
-    for cpu, (total, idle) in after.items():
-        if cpu in before and total > before[cpu][0]:
-            busy += 1 - (idle - before[cpu][1]) / (total - before[cpu][0])
-    busy = max(0.0, busy - (own1 - own0) / max(t1 - t0, 1e-9))
-    taken = min(budget.chosen - 1, int(busy + (1 - TAKEN_FROM)))
+        return Taken(0, None, "/proc cannot be read")
+    others = max(0, sorted(counts)[len(counts) // 2])
+    taken = min(budget.chosen - 1, others)
     if taken:
-        return Taken(taken, round(busy, 2), f"other processes kept {busy:.1f} of the {budget.chosen} cores busy as "
-                     "it started: a worker there would wait behind them")
-    return Taken(0, round(busy, 2), f"other processes kept {busy:.1f} cores busy as it started")
+        return Taken(taken, float(others), f"other processes kept {others} of the {budget.chosen} cores busy as it "
+                     "started: a worker there would wait behind them")
+    return Taken(0, float(others), "no other process kept a core busy as it started")
 
 
-def _cpu_times(root: str, cpus: set[str]) -> dict[str, tuple[int, int]]:
-    """(total, idle) jiffies of each CPU of ``cpus`` from ``/proc/stat``."""
-    out = {}
+def _procs_running(root: str) -> int:
     with open(os.path.join(root, "proc/stat")) as f:
         for line in f:
-            name, _, rest = line.partition(" ")
-            if name in cpus:
-                v = [int(x) for x in rest.split()]
-                # user nice system idle iowait irq softirq steal (guest is inside user)
-                out[name] = (sum(v[:8]), v[3] + v[4])
-    return out
+            if line.startswith("procs_running "):
+                return int(line.split()[1])
+    raise ValueError("no procs_running in /proc/stat")
+
+
+def _own_running(root: str, pids: list[int]) -> int:
+    """Threads of ``pids`` running or ready to run now (state R)."""
+    n = 0
+    for pid in pids:
+        try:
+            tids = os.listdir(os.path.join(root, f"proc/{pid}/task"))
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(os.path.join(root, f"proc/{pid}/task/{tid}/stat")) as f:
+                    if f.read().rpartition(")")[2].split()[0] == "R":
+                        n += 1
+            except (OSError, IndexError):
+                continue
+    return n
+
+
+# The live workers of this process's vec envs (shmvec._workers notes and forgets them): their load
+# is this process's own, not another's.
+_OWN_WORKERS: set[int] = set()
+
+
+def note_workers(pids: Iterable[int | None], live: bool = True) -> None:
+    """Records (``live``) or forgets the pids of this process's workers, for :func:`cores_taken`."""
+    for pid in pids:
+        if pid is not None:
+            (_OWN_WORKERS.add if live else _OWN_WORKERS.discard)(pid)
 
 
 def _read(path: str) -> str | None:

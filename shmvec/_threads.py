@@ -40,6 +40,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -54,9 +55,19 @@ AUTO = "auto"
 USER_SET_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
+#: ``"auto"`` follows the parent's time between a step's return and the next step (the median of
+#: the last ``GAPS``): under ``LIGHT_GAP_S`` (a small policy, as fast on one thread) torch runs the
+#: cores the workers leave free; over ``HEAVY_GAP_S`` (a CNN's forward pass: its threads gain more
+#: than their spin costs the workers) it runs its own count again (docs/design.md).
+LIGHT_GAP_S = 5e-4
+HEAVY_GAP_S = 2e-3
+GAPS = 8
+
+
 @dataclass
 class Decision:
-    """What an engine decided about the parent's torch threads (``describe()``, the doctor)."""
+    """What an engine decided about the parent's torch threads (``describe()``, the doctor), and,
+    with ``"auto"``, the gaps between steps that keep deciding (:meth:`posting`, :meth:`stepped`)."""
 
     option: Any  # "auto", an int, or None, as given
     before: int | None = None  # torch's intra-op threads when decided (None: torch not loaded)
@@ -64,9 +75,32 @@ class Decision:
     reason: str = "torch is not loaded in this process (checked again at each reset)"
     final: bool = False  # decided for good (torch was loaded, or the option says to leave it)
     holds: bool = False  # this engine holds a changed count (released at its close)
+    adaptive: bool = False  # "auto" that changed the count: follows the gaps between steps
+    reduced: bool = False  # torch runs ``after`` now (else ``before``: a heavy policy)
+    returned: float = 0.0  # when the last step returned (perf_counter)
+
+    def __post_init__(self) -> None:
+        self.gaps: list[float] = []
 
     def as_dict(self) -> dict[str, Any]:
-        return {"option": self.option, "before": self.before, "after": self.after, "reason": self.reason}
+        return {"option": self.option, "before": self.before, "after": self.after, "reason": self.reason,
+                "now": (self.after if self.reduced else self.before) if self.adaptive else self.after}
+
+    def stepped(self) -> None:
+        """A step returned (the parent's gap starts)."""
+        if self.adaptive:
+            self.returned = time.perf_counter()
+
+    def posting(self) -> None:
+        """A step is posted (the gap ends): every ``GAPS`` steps, their median gap decides."""
+        if not self.adaptive or not self.returned:
+            return
+        self.gaps.append(time.perf_counter() - self.returned)
+        if len(self.gaps) >= GAPS:
+            gap = sorted(self.gaps)[GAPS // 2]
+            self.gaps.clear()
+            if (self.reduced and gap > HEAVY_GAP_S) or (not self.reduced and gap < LIGHT_GAP_S):
+                _follow(self, gap)
 
 
 def check_parent_threads(value: Any) -> Any:
@@ -144,17 +178,35 @@ def decide(decision: Decision, n_workers: int, public_name: str = "ShmVecEnv", c
         _set_to = target
         set_threads(target)
     decision.after, decision.holds = target, True
+    decision.adaptive = decision.reduced = option == AUTO
     if option == AUTO and not _warned:
         _warned = True
         warnings.warn(
             f"{public_name}: torch ran {before} intra-op threads in this process, on {cores} cores where "
-            f"{n_workers} worker{'s' if n_workers != 1 else ''} step the envs; after each forward pass those "
+            f"{n_workers} worker{' steps' if n_workers == 1 else 's step'} the envs; after each forward pass those "
             f"threads keep spinning on the "
             f"workers' cores, which made training slower than DummyVecEnv. torch now runs {target} thread(s) "
             f"(torch.set_num_threads({target})) until the vec env closes. To keep torch's setting, pass "
             f"parent_threads=None, or set OMP_NUM_THREADS before starting Python.",
             ParentThreadsWarning, stacklevel=user_stacklevel())
     return decision
+
+
+def _follow(decision: Decision, gap: float) -> None:
+    """Moves torch to the other count of an adaptive decision, unless the user set one meanwhile
+    (then theirs stays, and the decision stops following)."""
+    torch = sys.modules.get("torch")
+    now, other = (decision.after, decision.before) if decision.reduced else (decision.before, decision.after)
+    if torch is None or int(torch.get_num_threads()) != now:
+        decision.adaptive = False
+        return
+    torch.set_num_threads(other)
+    decision.reduced = not decision.reduced
+    decision.reason = (f"torch ran {decision.before} threads; the parent's median gap between steps is "
+                       f"{gap * 1e3:.2f} ms: " + (f"a light policy, set to {other} while the workers run"
+                                                   if decision.reduced else
+                                                   f"a heavy policy, its {other} threads gain more than their spin "
+                                                   "costs the workers"))
 
 
 def _join(decision: Decision, now: int) -> Decision:

@@ -36,6 +36,7 @@ from shmvec import _protocol as P
 from shmvec._errors import ShmVecEnvError, SpaceError, WorkerDiedError, WorkerStacks, describe_exitcode
 from shmvec._layout import Layout, check_same_spaces, close_mapping, same_shapes
 from shmvec._leases import lease_count
+from shmvec._machine import note_workers
 from shmvec._masks import resolve as resolve_masks
 from shmvec._options import Options
 from shmvec._registrations import explain_not_found
@@ -140,6 +141,7 @@ class WorkerSet:
             self.conns[w], self.crash_conns[w], self.processes[w] = parent_conn, crash_reader, proc
         try:
             proc.start()
+            note_workers([proc.pid])
         except AssertionError as exc:
             if "daemonic" not in str(exc):
                 raise
@@ -409,6 +411,7 @@ class WorkerSet:
 
     def _free(self, alive: list) -> list[tuple[int, dict]]:
         close_errors: list[tuple[int, dict]] = []
+        note_workers((p.pid for p in self.processes), live=False)
         for w, p in alive:
             if p.is_alive():
                 p.terminate()

@@ -38,6 +38,7 @@ import numpy as np
 PAIRS = {"ShmVecEnv": "DummyVecEnv", "ShmVectorEnv": "SyncVectorEnv"}
 SB3_FACE = ("DummyVecEnv", "ShmVecEnv")
 SITUATIONS = ("random", "policy", "busy")
+POLICY_SEED = 0  # every backend's policy starts from the same weights
 #: Above these a run's figures are not fit to compare (the report says so).
 BUSY_CORES_WARN = 0.3
 STEAL_WARN = 0.05
@@ -144,7 +145,12 @@ class PolicyLoop:
         self.box = not hasattr(action_space, "n")
         self.low, self.high = (action_space.low, action_space.high) if self.box else (None, None)
         self.act = self._sb3_actions if self.sb3 else self._cleanrl_actions
-        self.policy = sb3_policy(obs_space, action_space) if self.sb3 else CleanRLAgent(obs_space, action_space)
+        import torch
+
+        # The same weights for every backend (a policy that balances longer resets less often).
+        with torch.random.fork_rng():
+            torch.manual_seed(POLICY_SEED)
+            self.policy = sb3_policy(obs_space, action_space) if self.sb3 else CleanRLAgent(obs_space, action_space)
         self.chunk(0.0)  # one warm-up step
 
     def _sb3_actions(self, obs: Any) -> Any:
@@ -182,6 +188,7 @@ class PolicyLoop:
             if t >= end:
                 break
         self.obs = obs
+        self.threads = torch.get_num_threads()  # shmvec's parent_threads may have moved it: its own next time
         return n * self.num_envs / (t - t0)
 
 
