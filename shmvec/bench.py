@@ -50,7 +50,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # About two minutes on 2 cores: the README's main command.
     "quick": {"envs": ["CartPole-v1"], "n_envs": [8, 64], "seconds": 2.0, "footprint_at": None,
               "training_points": ["CartPole-v1:8", "CartPole-v1:64"]},
-    # Every env at 1..64 envs, and where users train at 8 and 64 (about 15 minutes on 2 cores): the README's figures.
+    # Every env at 1..64 envs, and where users train at 8 and 64 (about 17 minutes on 2 cores): the README's figures.
     "full": {
         "envs": ["CartPole-v1", "busy-200us", "image-84x84x4", "image-210x160x3", "CartPole-info", "dict-obs"],
         "n_envs": [1, 4, 8, 16, 64], "seconds": 2.0,
