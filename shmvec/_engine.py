@@ -233,9 +233,9 @@ class Engine:
     def finish_step(self) -> None:
         """The front-end has returned the step (or failed building its return): nothing in flight
         (``done_step`` is dropped by the next post)."""
+        self.threads.stepped()  # the parent's gap starts (shmvec._threads); before IDLE: a Ctrl-C here loses nothing
         self.status.poster = None
         self.status.enter(IDLE)
-        self.threads.stepped()
 
     # ---- reset ---------------------------------------------------------------------------------------
     def reset(self, seeds: list, options: list, mask: np.ndarray | None = None, wait: bool = True) -> list[list]:

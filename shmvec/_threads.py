@@ -22,6 +22,10 @@ What (the ``parent_threads`` option, one decision per engine)
   :func:`shmvec._machine.usable_cores`), torch is set to that many threads for as long as a vec
   env of this process holds its workers; a :class:`ParentThreadsWarning` says so once per
   process, with the way to keep torch's count.
+  While the workers run, ``"auto"`` follows the parent's gap between a step's return and the
+  next step (:meth:`Decision.posting`, the median of ``GAPS``): a heavy policy (a CNN, over
+  ``HEAVY_GAP_S``) gains more from torch's own count than its spin costs the workers, and gets it
+  back; a light one (under ``LIGHT_GAP_S``) is reduced again.
 - an int ``n``: torch is set to ``n`` threads the same way, without a warning.
 - ``None``: torch is left as it is.
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
@@ -162,3 +163,39 @@ class _no_check:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_auto_follows_the_gap_between_steps(threads):
+    """A heavy policy (long gaps between steps) gets torch's own count back; a light one is reduced again;
+    one long gap (an update) among short ones changes nothing."""
+    import time
+
+    threads(usable_cores() + 3)
+    env = vec(n_workers=1)
+    d = env._engine.threads
+    try:
+        reduced, own = free_cores(1), usable_cores() + 3
+
+        def gaps(seconds: float, n: int = T.GAPS) -> None:
+            for _ in range(n):
+                d.returned = time.perf_counter() - seconds
+                d.posting()
+
+        assert torch.get_num_threads() == reduced
+        gaps(0.001, T.GAPS - 1)
+        gaps(0.5, 1)  # an update between rollouts
+        assert torch.get_num_threads() == reduced
+        gaps(2 * T.HEAVY_GAP_S)
+        assert torch.get_num_threads() == own and "heavy policy" in d.reason
+        gaps(T.LIGHT_GAP_S / 2)
+        assert torch.get_num_threads() == reduced and "light policy" in d.reason
+        # Steps really run between: the gaps come from step() itself.
+        env.reset()
+        for _ in range(2 * T.GAPS):
+            env.step(np.zeros(2, dtype=np.int64))
+        assert torch.get_num_threads() == reduced
+        torch.set_num_threads(5)  # the user's own count: no longer followed
+        gaps(2 * T.HEAVY_GAP_S)
+        assert torch.get_num_threads() == 5 and not d.adaptive
+    finally:
+        env.close()
