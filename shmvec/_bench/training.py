@@ -18,15 +18,15 @@ Users train: between two steps the parent runs the policy, and the machine is of
 Each situation pairs shmvec with the in-process reference of the same API: ``ShmVecEnv`` with
 ``DummyVecEnv`` and ``ShmVectorEnv`` with ``SyncVectorEnv``, in alternating rounds.
 
-:func:`machine_load` samples what other processes do with the CPUs (``/proc/stat``): before a
-run, the cores they keep busy, and over the run, the time the hypervisor stole; the report warns
-when either would make the figures unfit to compare.
+:func:`machine_load` samples what other processes do with the CPUs: before a run, the tasks they
+keep running (``procs_running``, as the default ``n_workers`` does), and over the run, the time
+the hypervisor stole (``/proc/stat``); the report warns when either would make the figures unfit
+to compare.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -210,55 +210,47 @@ class Hog:
         self.close()
 
 
-def _cpu_counters() -> dict[str, tuple[int, int, int]]:
-    """Per-CPU (total, idle, steal) jiffies from ``/proc/stat``; ``"cpu"`` is the sum."""
-    out = {}
+def _total_and_steal() -> tuple[int, int]:
+    """All CPUs' (total, steal) jiffies from ``/proc/stat``'s ``cpu`` line."""
     with open("/proc/stat") as f:
         for line in f:
-            m = re.match(r"(cpu\d*) (.*)", line)
-            if m:
-                v = [int(x) for x in m.group(2).split()]
+            if line.startswith("cpu "):
+                v = [int(x) for x in line.split()[1:]]
                 # user nice system idle iowait irq softirq steal (guest is inside user)
-                out[m.group(1)] = (sum(v[:8]), v[3] + v[4], v[7] if len(v) > 7 else 0)
-    return out
+                return sum(v[:8]), (v[7] if len(v) > 7 else 0)
+    raise ValueError("no cpu line in /proc/stat")
 
 
 class machine_load:
-    """What other processes do with the CPUs: :meth:`before` samples the cores they keep busy
-    while this process sleeps; :meth:`after` the share of CPU time the hypervisor stole since
-    :meth:`before`.  ``warnings()`` says what makes the run's figures unfit to compare."""
+    """What other processes do with the CPUs: :meth:`before` counts the tasks they keep running
+    while this process sleeps (:func:`shmvec._machine.cores_taken`); :meth:`after` the share of CPU
+    time the hypervisor stole since :meth:`before`.  ``warnings()`` says what makes the run's
+    figures unfit to compare."""
 
     def __init__(self) -> None:
         self.busy_cores: float | None = None
         self.steal: float | None = None
         self.loadavg: float | None = None
-        self._start: dict | None = None
+        self._start: tuple[int, int] | None = None
 
     def before(self, seconds: float = 0.5) -> machine_load:
+        from shmvec._machine import cores_taken
+
         try:
-            cpus = {f"cpu{c}" for c in os.sched_getaffinity(0)}
-            a = _cpu_counters()
-            time.sleep(seconds)
-            b = _cpu_counters()
-            busy = 0.0
-            for cpu in cpus & a.keys() & b.keys():
-                total = b[cpu][0] - a[cpu][0]
-                if total > 0:
-                    busy += 1 - (b[cpu][1] - a[cpu][1]) / total
-            self.busy_cores = round(busy, 2)
-            self._start = b
+            self.busy_cores = cores_taken(seconds=seconds).busy
+            self._start = _total_and_steal()
             self.loadavg = os.getloadavg()[0]
-        except (OSError, AttributeError, ValueError, IndexError):
+        except (OSError, ValueError):
             pass
         return self
 
     def after(self) -> machine_load:
         try:
             if self._start is not None:
-                b = _cpu_counters()
-                total = b["cpu"][0] - self._start["cpu"][0]
-                self.steal = round((b["cpu"][2] - self._start["cpu"][2]) / total, 3) if total > 0 else None
-        except (OSError, KeyError, ValueError, IndexError):
+                total, steal = _total_and_steal()
+                total -= self._start[0]
+                self.steal = round((steal - self._start[1]) / total, 3) if total > 0 else None
+        except (OSError, ValueError):
             pass
         return self
 
