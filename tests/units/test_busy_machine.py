@@ -16,7 +16,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 from shmvec import ShmVecEnv
 from shmvec._machine import CpuBudget, cores_taken, cpu_budget, usable_cores
-from tests.testenvs import make_cartpole
+from testenvs import make_cartpole
 
 needs_two_cores = pytest.mark.skipif(usable_cores() < 2, reason="needs a CPU budget of two cores or more")
 

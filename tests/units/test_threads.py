@@ -18,7 +18,7 @@ import torch
 from shmvec import ParentThreadsWarning, ShmVecEnv, ShmVectorEnv
 from shmvec import _threads as T
 from shmvec._machine import usable_cores
-from tests.testenvs import make_cartpole
+from testenvs import make_cartpole
 
 
 @pytest.fixture
@@ -140,7 +140,7 @@ def test_the_warning_is_shown_once_per_process_and_says_how_to_keep_torchs_count
         import torch
         from shmvec import ShmVecEnv, ParentThreadsWarning
         from shmvec._machine import usable_cores
-        from tests.testenvs import make_cartpole
+        from testenvs import make_cartpole
         torch.set_num_threads(usable_cores() + 2)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
