@@ -7,6 +7,7 @@ a fresh interpreter, where no earlier test has shown it.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ import torch
 from shmvec import ParentThreadsWarning, ShmVecEnv, ShmVectorEnv
 from shmvec import _threads as T
 from shmvec._machine import usable_cores
+from helpers import TESTS_DIR, pythonpath
 from testenvs import make_cartpole
 
 
@@ -153,7 +155,8 @@ def test_the_warning_is_shown_once_per_process_and_says_how_to_keep_torchs_count
         assert "parent_threads=None" in text and "torch.set_num_threads(" in text, text
         print("ok")
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": pythonpath(TESTS_DIR)})
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
