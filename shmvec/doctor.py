@@ -23,6 +23,7 @@ The exit status is 1 when a check fails, else 0.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import multiprocessing as mp
@@ -320,13 +321,17 @@ def _bare(env: str, seconds: float) -> float:
 
 
 def shmvec_roundtrip_seconds(workers: int, steps: int = 300) -> float:
-    """Median seconds of one ShmVecEnv step with ``workers`` envs of zero cost (one per worker)."""
+    """Median seconds of one ShmVecEnv step with ``workers`` envs of zero cost (one per worker);
+    ShmVectorEnv's (the same engine and round trip) where Stable-Baselines3 is not installed."""
     import numpy as np
 
-    from shmvec import ShmVecEnv
     from shmvec._bench.envs import EnvFactory
 
-    venv = ShmVecEnv([EnvFactory("zero-cost")] * workers, n_workers=workers, start_method="fork")
+    if importlib.util.find_spec("stable_baselines3") is None:
+        from shmvec import ShmVectorEnv as face
+    else:
+        from shmvec import ShmVecEnv as face
+    venv = face([EnvFactory("zero-cost")] * workers, n_workers=workers, start_method="fork")
     try:
         venv.reset()
         from shmvec._bench.measures import Stepper
@@ -365,6 +370,9 @@ def check_env(env: str, n_envs: int, workers: int, measure: bool = False, second
     detail = (f"{env}: one step {step_s * 1e6:.1f} us; a worker's slice of {math.ceil(n_envs / workers)} envs "
               f"{per_worker * 1e6:.0f} us against ShmVecEnv's round trip {overhead_s * 1e6:.0f} us; "
               f"predicted {speedup:.2f}x DummyVecEnv at {n_envs} envs on {workers} workers")
+    if measure and importlib.util.find_spec("stable_baselines3") is None:
+        detail += "; not measured against DummyVecEnv: Stable-Baselines3 is not installed (pip install \"shmvec[sb3]\")"
+        measure = False
     if measure:
         data["measured"] = _measure_side_by_side(env, n_envs, workers, seconds=max(1.0, 2 * seconds))
         speedup = data["measured"]["ShmVecEnv/DummyVecEnv"]

@@ -15,7 +15,13 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
+
+from shmvec._optional import missing
+
+try:  # Stable-Baselines3 is the extra shmvec[sb3] (shmvec._optional)
+    from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
+except ModuleNotFoundError as exc:
+    raise missing("ShmVecEnv", exc) from exc
 
 from shmvec import _protocol as P
 from shmvec._copyguard import Uncopyable

@@ -31,8 +31,14 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
-from stable_baselines3.common.buffers import ReplayBuffer
-from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
+
+from shmvec._optional import missing
+
+try:  # Stable-Baselines3 is the extra shmvec[sb3] (shmvec._optional)
+    from stable_baselines3.common.buffers import ReplayBuffer
+    from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
+except ModuleNotFoundError as exc:
+    raise missing("ShmVecEnvPool", exc) from exc
 
 from shmvec._copyguard import Uncopyable
 from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, NoAsyncCallError

@@ -26,17 +26,79 @@ import pytest
 # Import the heavy libraries once, before any test takes a snapshot, so that
 # descriptors they open lazily on first import are not taken for leaks.
 import gymnasium  # noqa: F401
-import stable_baselines3  # noqa: F401
-import torch
 
-# The policies in these tests are tiny MLPs: more torch threads would only contend, on a
-# 2-core machine, with the vec env's worker processes (and make PPO tests 30x slower).
-torch.set_num_threads(1)
+try:  # Stable-Baselines3 and torch are optional (shmvec[sb3]); without them their tests skip, see below.
+    import stable_baselines3  # noqa: F401
+    import torch
+except ModuleNotFoundError:
+    torch = None
+else:
+    # The policies in these tests are tiny MLPs: more torch threads would only contend, on a
+    # 2-core machine, with the vec env's worker processes (and make PPO tests 30x slower).
+    torch.set_num_threads(1)
+
+# Libraries some tests need that a working install of shmvec may lack (the suite runs without
+# SB3 and torch on Python versions with no CPU build of torch here).  A test module that imports
+# one of them, or a test that does, is skipped with the missing module named; any other import
+# error fails as usual.
+OPTIONAL_MODULES = frozenset({"stable_baselines3", "torch", "sb3_contrib", "pettingzoo", "ray", "torchrl",
+                              "tianshou", "rl_zoo3", "supersuit", "mpe2", "ale_py", "cv2", "matplotlib",
+                              "pytest_benchmark", "envpool", "moviepy", "pygame", "pymunk"})
+
+
+def missing_optional(exc: BaseException | None) -> str | None:
+    """The optional module whose absence raised ``exc`` (or one of its causes), if that is what it was."""
+    import importlib.util
+
+    while exc is not None:
+        if isinstance(exc, ModuleNotFoundError) and exc.name:
+            top = exc.name.split(".")[0]
+            if top in OPTIONAL_MODULES and importlib.util.find_spec(top) is None:
+                return top
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _skip_reason(name: str) -> str:
+    return f"needs {name}, which is not installed here (the suite's full run installs it: pip install -e '.[test]')"
+
+
+class OptionalModule(pytest.Module):
+    """A test module that skips, with the reason, when it imports an optional library that is not installed."""
+
+    def _getobj(self):
+        try:
+            return super()._getobj()
+        except self.CollectError as err:
+            name = missing_optional(err.__cause__)
+            if name is None:
+                raise
+            pytest.skip(f"{self.path.name} {_skip_reason(name)}", allow_module_level=True)
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if module_path.name != "__init__.py":
+        return OptionalModule.from_parent(parent, path=module_path)
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A test that imports an optional library in its body skips the same way."""
+    try:
+        return (yield)
+    except ModuleNotFoundError as exc:
+        name = missing_optional(exc)
+        if name is None:
+            raise
+        pytest.skip(_skip_reason(name))
 
 
 @pytest.fixture
 def one_torch_thread():
     """One torch thread for this test even if an earlier one changed it (see above), restored after."""
+    if torch is None:
+        pytest.skip(_skip_reason("torch"))
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 import shmvec
 
@@ -17,6 +19,17 @@ SHMVEC_ROOT = str(Path(shmvec.__file__).resolve().parents[1])
 # tests/ (its importable test envs, for subprocesses and Ray actors) and the checkout above it.
 TESTS_DIR = str(Path(__file__).resolve().parent)
 REPO_ROOT = str(Path(__file__).resolve().parents[1])
+
+
+def needs(*modules: str) -> pytest.MarkDecorator:
+    """Skips a test that needs ``modules`` where one is not installed (the runs on Python versions
+    without a CPU build of torch here install neither SB3 nor torch), naming the missing ones."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}, which is not installed here "
+                                                    "(the suite's full run installs it: pip install -e '.[test]')")
+
+
+SB3 = needs("stable_baselines3")  # SB3 and so torch: the SB3 faces, the examples, the bench's policies
 
 
 def pythonpath(*extra: str | Path) -> str:

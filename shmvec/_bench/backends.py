@@ -416,7 +416,8 @@ REGISTRY: dict[str, Backend] = {
                 note="all envs stepped one after the other in this process"),
         Backend("SubprocVecEnv", "SB3", ("stable_baselines3",), _subproc,
                 note="one process per env, pickles through pipes"),
-        Backend("ShmVecEnv", "shmvec", ("shmvec._sync", "shmvec._queue", "shmvec._rows", "shmvec._codec"), _shm,
+        Backend("ShmVecEnv", "shmvec", ("shmvec._sync", "shmvec._queue", "shmvec._rows", "shmvec._codec",
+                                        "stable_baselines3"), _shm,
                 note="workers step slices of envs in shared memory"),
         Backend("SyncVectorEnv", "Gymnasium", ("gymnasium",), _gym_sync,
                 note="all envs stepped one after the other in this process"),
@@ -428,7 +429,7 @@ REGISTRY: dict[str, Backend] = {
                 note="pufferlib.vector.Multiprocessing in the interpreter given by --puffer-python; "
                      "one worker less than the cores (its main process busy-waits)"),
         # Multi-agent: steps/s count agent steps (rows); the reference is SuperSuit-loop.
-        Backend("ShmMultiAgentVecEnv", "shmvec", ("shmvec._sync", "pettingzoo"), _shm_multiagent, multiagent=True,
+        Backend("ShmMultiAgentVecEnv", "shmvec", ("shmvec._sync", "pettingzoo", "stable_baselines3"), _shm_multiagent, multiagent=True,
                 note="PettingZoo ParallelEnvs in shmvec's workers, one SB3 row per agent"),
         Backend("SuperSuit-mp", "SuperSuit", ("supersuit", "stable_baselines3"), _supersuit(True), multiagent=True,
                 note="concat_vec_envs_v1(pettingzoo_env_to_vec_env_v1(env), n, num_cpus=workers, "

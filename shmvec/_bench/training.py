@@ -279,12 +279,24 @@ def measure_point(env: str, n_envs: int, names: list[str], spec: Any, situations
     """Each backend of ``names`` (the :data:`PAIRS`) at one point, in each situation: random and
     policy in the same alternating rounds; busy in rounds of its own, the backends built again
     while a :class:`Hog` runs (so that their defaults see the machine as it is)."""
-    import torch
-
     from shmvec._bench.measures import median_ratio, side_by_side
     from shmvec._bench.session import LocalBackend, describe_error
 
-    default_threads = torch.get_num_threads()
+    try:
+        import torch
+    except ModuleNotFoundError:  # the policies are torch's; random and busy need no torch
+        torch = None
+        if "policy" in situations:
+            skipped.append({"backend": "policy in the loop", "env": env, "n_envs": n_envs, "situation": "policy",
+                            "reason": 'the policy in the loop needs torch, which is not installed '
+                                      '(pip install "shmvec[sb3]" brings it)'})
+            situations = [s for s in situations if s != "policy"]
+
+    def set_threads(n: int) -> None:
+        if torch is not None:
+            torch.set_num_threads(n)
+
+    default_threads = torch.get_num_threads() if torch is not None else 1
     threads: dict[str, int] = {}
     figures: dict[str, list[float]] = {}
 
@@ -299,7 +311,7 @@ def measure_point(env: str, n_envs: int, names: list[str], spec: Any, situations
         steppers: dict[str, Any] = {}
         try:
             for name in names:
-                torch.set_num_threads(default_threads)
+                set_threads(default_threads)
                 try:
                     opened[name] = backend = LocalBackend(name, spec)
                 except Exception as e:  # noqa: BLE001 - reported, the others go on
@@ -309,7 +321,7 @@ def measure_point(env: str, n_envs: int, names: list[str], spec: Any, situations
                 if not quiet:
                     steppers[f"busy|{name}"] = backend
                     continue
-                threads[name] = torch.get_num_threads()
+                threads[name] = torch.get_num_threads() if torch is not None else 1
                 if "random" in situations:
                     steppers[f"random|{name}"] = backend
                 if "policy" in situations:
@@ -324,7 +336,7 @@ def measure_point(env: str, n_envs: int, names: list[str], spec: Any, situations
         finally:
             for backend in opened.values():
                 backend.close()
-            torch.set_num_threads(default_threads)
+            set_threads(default_threads)
 
     if {"random", "policy"} & set(situations):
         rounds_of(quiet=True)

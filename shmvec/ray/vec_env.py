@@ -29,8 +29,14 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import ray
-from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
+
+from shmvec._optional import missing
+
+try:  # Ray and Stable-Baselines3: the extra shmvec[ray] (shmvec._optional)
+    import ray
+    from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
+except ModuleNotFoundError as exc:
+    raise missing("RayShmVecEnv", exc) from exc
 
 from shmvec._copyguard import Uncopyable
 from shmvec._describe import describe_env_fns, describe_vec_env, rebuild

@@ -21,7 +21,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers import vector as vw
 
 import testenvs
-from helpers import REPO_ROOT, assert_same, close_all, pythonpath
+from helpers import REPO_ROOT, assert_same, close_all, pythonpath, SB3
 from shmvec import ShmVecEnvError, ShmVectorEnv, make_vec
 from shmvec._errors import ClosedVecEnvError
 
@@ -398,6 +398,7 @@ def test_gymnasium_face_finds_render_mode_and_indices_as_sb3_does(render_mode):
 
 
 @pytest.mark.timeout(170)
+@SB3
 def test_cleanrl_ppo_example_runs():
     """examples/cleanrl_ppo.py trains on ShmVectorEnv for a few iterations (a real subprocess)."""
     root = Path(REPO_ROOT)

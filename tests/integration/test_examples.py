@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO_ROOT, pythonpath
+from helpers import REPO_ROOT, pythonpath, SB3
 
 ROOT = Path(REPO_ROOT)
 EXAMPLES = ROOT / "examples"
@@ -26,6 +26,7 @@ def run_example(name: str, *args: str, timeout: float = 150.0) -> str:
     return proc.stdout
 
 
+@SB3
 def test_ppo_cartpole_many_envs():
     out = run_example("ppo_cartpole_many_envs.py", "--n-envs", "4", "--n-workers", "2", "--steps", "256",
                       "--n-steps", "16")
@@ -36,6 +37,7 @@ def test_ppo_cartpole_many_envs():
 
 @pytest.mark.parametrize("kind", ["frames", pytest.param("atari", marks=pytest.mark.skipif(
     not HAVE_ATARI, reason="needs ale-py and OpenCV"))])
+@SB3
 def test_image_env(kind):
     out = run_example("image_env.py", "--env", kind, "--n-envs", "2", "--steps", "32", "--n-steps", "16")
     assert ("PongNoFrameskip-v4" if kind == "atari" else "SquareEnv") in out
@@ -43,6 +45,7 @@ def test_image_env(kind):
     assert "PPO CnnPolicy: 32 steps" in out
 
 
+@SB3
 def test_custom_registered_env_spawn():
     out = run_example("custom_registered_env_spawn.py", "--n-envs", "4", "--steps", "256")
     assert "4 x GridWalk-v0 (size 8) in 2 spawned workers" in out
@@ -51,6 +54,7 @@ def test_custom_registered_env_spawn():
 
 @pytest.mark.skipif(not all(importlib.util.find_spec(name) for name in ("pettingzoo", "mpe2")),
                     reason="needs pettingzoo and mpe2")
+@SB3
 def test_multi_agent_ppo():
     out = run_example("multi_agent_ppo.py", "--n-envs", "4", "--n-workers", "2", "--steps", "6144",
                       "--n-steps", "64", "--eval-episodes", "1")

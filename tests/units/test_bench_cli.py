@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, SB3
 from shmvec import bench
 from shmvec._bench import backends as B
 from shmvec._bench.envs import EnvFactory, check_env_name, obs_nbytes
@@ -177,6 +177,7 @@ def test_library_pair_measured_side_by_side(pair, tmp_path, capsys):
     assert f"| CartPole-v1 | 2 | {pair[1]} | {pair[0]} |" in capsys.readouterr().out
 
 
+@SB3
 def test_library_pairs_skip_without_their_library(monkeypatch, tmp_path, capsys):
     for module in ("torchrl", "tianshou"):
         monkeypatch.setitem(sys.modules, module, None)  # find_spec answers None: not installed
@@ -237,6 +238,7 @@ def test_tree_memory_counts_children():
     assert with_child["bytes"] > 0
 
 
+@SB3
 def test_cli_tiny_run_json(tmp_path, capsys):
     out = tmp_path / "r.json"
     rc, cap = _run_cli(["--envs", "CartPole-v1", "--n-envs", "1", "2", "--backends", "DummyVecEnv", "ShmVecEnv",
@@ -293,6 +295,7 @@ def measured(tmp_path_factory):
     return rc, out, stdout.getvalue()
 
 
+@SB3
 def test_cli_footprint_latency_and_skips(measured):
     rc, out, text = measured
     assert rc == 0
@@ -314,6 +317,7 @@ def test_cli_footprint_latency_and_skips(measured):
     assert all(0 < x["median_us"] <= x["p90_us"] for x in lat.values())
 
 
+@SB3
 def test_cli_from_json_prints_markdown(measured, capsys):
     _, out, _ = measured
     assert bench.main(["--from-json", str(out), "--markdown"]) == 0
@@ -452,6 +456,7 @@ def _build_fails(spec):
     raise OSError("cannot start workers")
 
 
+@SB3
 def test_cli_backend_that_fails_to_build_is_a_note(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(B.REGISTRY, "Fails", B.Backend("Fails", "x", ("gymnasium",), _build_fails))
     out = tmp_path / "r.json"
@@ -464,6 +469,7 @@ def test_cli_backend_that_fails_to_build_is_a_note(tmp_path, capsys, monkeypatch
     assert "Fails (CartPole-v1 2): failed to build or step" in cap.out
 
 
+@SB3
 def test_cli_points_measure_only_the_pairs_given(tmp_path, capsys):
     out = tmp_path / "r.json"
     rc, _ = _run_cli(["--points", "CartPole-v1:2", "busy-20us:1", "--backends", "DummyVecEnv", "ShmVecEnv",
@@ -488,6 +494,7 @@ def test_preset_targets_and_bad_points(capsys):
     assert "not ENV:N" in capsys.readouterr().err
 
 
+@SB3
 def test_step_timeline_stamps_every_interval():
     """bench/step_timeline.py (in a process of its own: it wraps ShmVecEnv's methods while it runs):
     every interval is there, the bodies and the period are positive, and the period holds the body."""
@@ -572,6 +579,7 @@ def test_scaling_preset_config(capsys):
 
 
 @pytest.mark.timeout(60)
+@SB3
 def test_scaling_preset_tiny_run(tmp_path, capsys):
     """The sweep on tiny settings (a few seconds): every configuration is there, the one-process-per-env
     backend is capped and says so, ratios are consistent, and the saved results print and plot again."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import json
 import multiprocessing as mp
 import os
@@ -11,6 +13,7 @@ import time
 
 import pytest
 
+from helpers import SB3
 from shmvec import doctor
 
 
@@ -152,12 +155,20 @@ def test_cli_measure_text(capsys):
     assert out.startswith("shmvec doctor:") and "measured" in out and "[" in out
 
 
+@SB3
 @pytest.mark.parametrize("env_id", ["Acrobot-v1"])
 def test_cli_measure_gymnasium_id(env_id, capsys):
     assert doctor.main(["--env", env_id, "--n-envs", "2", "--measure", "--json"]) == 0
     checks = json.loads(capsys.readouterr().out)
     measured = checks[-1]["data"]["measured"]
     assert measured["DummyVecEnv"] > 0 and measured["ShmVecEnv"] > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("stable_baselines3") is not None, reason="checks an install without SB3")
+def test_cli_measure_without_sb3_says_why_it_did_not(capsys):
+    assert doctor.main(["--env", "Acrobot-v1", "--n-envs", "2", "--measure", "--json"]) == 0
+    check = json.loads(capsys.readouterr().out)[-1]
+    assert "measured" not in check["data"] and 'pip install \\"shmvec[sb3]\\"' in json.dumps(check["detail"]), check
 
 
 def _quota_budget():
@@ -202,4 +213,7 @@ def test_parent_threads_says_what_shmvec_will_set():
     assert c.status == "warn" and "torch.set_num_threads(1)" in c.advice
     c = doctor.check_parent_threads(None, cores=8, workers=8, environ={})
     assert "not installed" in c.detail
-    assert doctor.torch_default_threads() >= 1
+    if importlib.util.find_spec("torch") is None:
+        assert doctor.torch_default_threads() is None
+    else:
+        assert doctor.torch_default_threads() >= 1
