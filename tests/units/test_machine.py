@@ -232,6 +232,8 @@ def test_defaults_follow_the_budget(monkeypatch):
     from shmvec import _options
 
     monkeypatch.setattr(_options, "usable_cores", lambda: 3)
+    # An idle machine: the other processes of a loaded one would take cores from the default.
+    monkeypatch.setattr(_options, "cores_taken", lambda: _options.Taken(0, None, ""))
     assert _options.default_n_workers(64) == 3
     assert _options.default_n_workers(2) == 2
     fns = [int] * 8  # callables; never called by the checks
