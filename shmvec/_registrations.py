@@ -9,7 +9,9 @@ would raise ``NameNotFound``.  So:
   ``EnvSpec`` as the parent has it: kwargs, ``max_episode_steps``, wrappers, ...) but Gymnasium's
   own, which every interpreter registers on ``import gymnasium``.  Entry points defined in
   ``__main__`` (classes and functions, or ``"__main__:Name"`` strings) travel by value with
-  cloudpickle; other objects by reference, strings as strings.  Each spec is pickled on its own,
+  cloudpickle; other objects by reference, strings as strings.  The objects of ``__main__`` that
+  a wrapper's ``"__main__:Name"`` names (Gymnasium loads wrappers from strings only) travel by
+  value beside the spec, and the worker's ``__main__`` gets those it lacks.  Each spec is pickled on its own,
   so that one that cannot be pickled (a lock in its kwargs) leaves the others alone, and a worker
   unpickles only the specs it lacks;
 - :func:`register_missing` runs in each worker before it unpickles or calls a factory: it
@@ -43,7 +45,7 @@ import cloudpickle
 import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec, parse_env_id
 
-from shmvec.factories import main_object
+from shmvec.factories import main_object, main_refs, provide_main
 
 __all__ = ["Registrations", "pack_registrations", "register_missing", "explain_not_found", "gymnasium_own_ids"]
 
@@ -119,7 +121,9 @@ def pack_registrations(start_method: str) -> Registrations:
         if _is_gymnasiums_own(spec, own_ids):
             continue
         try:
-            parts.append((env_id, cloudpickle.dumps(_by_value(spec), protocol=pickle.HIGHEST_PROTOCOL)))
+            mains = main_refs(spec, entry_points=False)  # a spec alone, or with its wrappers' __main__ objects
+            sent = (_by_value(spec), mains) if mains else _by_value(spec)
+            parts.append((env_id, cloudpickle.dumps(sent, protocol=pickle.HIGHEST_PROTOCOL)))
         except Exception as exc:
             left_out[env_id] = f"could not be pickled ({type(exc).__name__}: {exc})"
     if not parts:
@@ -142,6 +146,9 @@ def register_missing(data: bytes | None) -> dict[str, str]:
         except Exception as exc:  # a module the parent imported and this process cannot
             failed[env_id] = f"could not be unpickled in the worker ({type(exc).__name__}: {exc})"
             continue
+        if isinstance(spec, tuple):
+            spec, mains = spec
+            provide_main(mains)
         # Stored as gymnasium.register() stores it, without its checks: the parent's register()
         # ran them, and they scan the whole registry for each id.
         registry[env_id] = spec

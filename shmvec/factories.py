@@ -122,6 +122,40 @@ def _as_ref(obj: str | Callable) -> str | Callable:
     return import_string(obj) or obj
 
 
+def main_refs(spec: EnvSpec, entry_points: bool = True) -> dict[str, Any]:
+    """The objects of this process's ``__main__`` that the ``"__main__:Name"`` strings of ``spec``
+    name (its wrappers' entry points, and its own unless ``entry_points`` is false), by name.
+
+    Gymnasium loads a wrapper of ``additional_wrappers`` from its import string only, so the
+    string cannot be replaced by the object it names: the objects travel by value beside the
+    spec, and the worker gives its own ``__main__`` those it lacks (:func:`provide_main`).
+    """
+    refs = [w.entry_point for w in spec.additional_wrappers or ()]
+    if entry_points:
+        refs += [spec.entry_point, spec.vector_entry_point]
+    main = sys.modules.get("__main__")
+    out = {}
+    for ref in refs:
+        if isinstance(ref, str) and ref.startswith("__main__:"):
+            name = ref.split(":", 1)[1].split(".")[0]
+            found = getattr(main, name, None)
+            if found is not None:
+                out[name] = found
+    return out
+
+
+def provide_main(objects: Mapping[str, Any]) -> None:
+    """Gives this process's ``__main__`` each of ``objects`` (from :func:`main_refs`) it lacks: a
+    spawned or forkserver worker of a notebook, ``python -c`` or stdin has none of the parent's
+    names; a worker of a script file has them already (its ``__mp_main__``), and keeps its own."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        return
+    for name, obj in objects.items():
+        if not hasattr(main, name):
+            setattr(main, name, obj)
+
+
 def main_object(ref: str) -> Callable | None:
     """The callable a ``"__main__:Name"`` string names in this process, else None (another string, or no such name)."""
     if not ref.startswith("__main__:"):
@@ -150,7 +184,8 @@ class EnvFactory:
 
     Build it with :func:`make_env`.  Exactly one of ``spec`` (the fields of a Gymnasium
     ``EnvSpec``, resolved in the parent) and ``entry`` (a callable or ``"module:qualname"``)
-    is set.
+    is set.  ``main``: the objects of the parent's ``__main__`` that the spec's import strings
+    name (:func:`main_refs`), given to a worker's ``__main__`` that lacks them.
     """
 
     spec: Mapping[str, Any] | None = None
@@ -159,12 +194,14 @@ class EnvFactory:
     kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     wrappers: tuple[WrapperEntry, ...] = ()
     module: str | None = None
+    main: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __call__(self, **overrides: Any) -> gym.Env:
         """Builds the env; ``overrides`` update its kwargs (SB3's ``make_vec_env(factory,
         env_kwargs=...)`` calls ``factory(**env_kwargs)``)."""
         if self.module is not None:
             importlib.import_module(self.module)
+        provide_main(self.main)
         kwargs = {**copy.deepcopy(dict(self.kwargs)), **overrides}  # the caller's objects as they are (SB3)
         if self.spec is not None:
             env = gym.make(_spec_from_fields(self.spec), **kwargs)
@@ -202,6 +239,11 @@ class EnvFactory:
                     "to workers with cloudpickle, but it is not plain data. Register the env with "
                     "entry_point='package.module:ClassName' (defined in an importable module, not in __main__)."
                 )
+            if self.main:
+                raise DescriptionError(
+                    f"the spec of {self.env_id!r} names {sorted(self.main)} of __main__ (a wrapper's entry point): "
+                    "they are sent to workers with cloudpickle, but they are not plain data. Define them in an "
+                    "importable module.")
             out["spec"] = jsonable(dict(self.spec), f"spec of {self.env_id!r}")
         else:
             if not isinstance(self.entry, str):
@@ -300,6 +342,7 @@ def make_env(
         kwargs=dict(kwargs),
         wrappers=tuple(wrapper_entries),
         module=module,
+        main=main_refs(spec) if spec is not None else {},
     )
 
 

@@ -28,6 +28,7 @@ from shmvec._engine import Engine
 from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, NoAsyncCallError, ShmVecEnvError
 from shmvec._options import Options
 from shmvec._state import serialized
+from shmvec.factories import main_refs, provide_main
 
 _WORKER_MODE = {
     AutoresetMode.NEXT_STEP: P.AUTORESET_NEXT_STEP,
@@ -693,8 +694,10 @@ def make_vec(
             raise ValueError(f"autoreset_mode={autoreset_mode!r} and vector_kwargs['autoreset_mode']={given!r} differ")
         vector_kwargs["autoreset_mode"] = autoreset_mode
     wrappers = list(wrappers or [])
+    mains = main_refs(env_spec)  # "__main__:Name" objects, which a worker's __main__ (python -c) lacks
 
     def create_single_env() -> gym.Env:
+        provide_main(mains)
         env = gym.make(env_spec, **env_kwargs)
         for wrapper in wrappers:
             env = wrapper(env)
