@@ -13,6 +13,8 @@ shared-memory segment, laid out by :class:`PoolLayout`::
                     shmvec._codec (encode_infos), or a pickle when the codec does not
                     carry one of its values or the pickle is what fits; the parent
                     tells them apart by the first byte (load_result)
+    finished at     float64 (n_envs,): CLOCK_MONOTONIC (time.monotonic(), the same
+                    clock in every process) when env i's latest step ended
 
 Who writes what, in which order
 -------------------------------
@@ -25,12 +27,22 @@ every worker enters :meth:`PoolServer.run` and stays there until it pops STOP.
   worker  2. pops j (acquire); steps env i = start_w + j; writes row i of the
              observations (and terminal observations), rewards, terminated,
              truncated, and its info slot and info length
+             and the time it finished (finished at)
           3. pushes i into the out queue (release: step 2 is visible to the parent
              that pops i)
   parent  4. recv(): waits until batch_size indices are published (woken once,
              by the push that completes the batch), pops them (acquire); reads
              their rows; unmarks them.  It never writes a row of an env in flight, and a worker only
              writes rows of envs it popped and has not pushed back yet.
+
+The timeout (``timeout=``) bounds each env's step from its send(): the parent notes when it
+sends each env (:class:`SendClock`, before the push of step 1) and, every POLL_S of a recv()
+(also one that other workers keep fed), looks for envs in flight that were sent more than
+``timeout`` ago and have not finished since (finished at < sent at).  An env that finished and
+waits in the out queue for a recv() is not late, however long the caller takes; one queued
+behind a hung env is (its worker never takes it).  The parent reads "finished at" without
+popping: a plain load that may miss a store made in the same instant, so a step that ends just
+at its deadline may be reported late, never a step that ended well before it.
 
 Stopping: the parent pushes STOP into every in queue; each worker, having
 finished everything queued before it, returns from POOL and completes the
@@ -44,6 +56,7 @@ the parent stops the pool and re-raises the exception through the usual path.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -82,6 +95,8 @@ class PoolLayout:
         offset = _align(offset + 4 * n_envs)
         self.info_offset = offset
         offset = _align(offset + info_bytes * n_envs)
+        self.finished_offset = offset
+        offset = _align(offset + 8 * n_envs)
         self.n_envs = n_envs
         self.nbytes = max(offset, ALIGN)
 
@@ -90,6 +105,42 @@ class PoolLayout:
         slots = np.frombuffer(buf, dtype=np.uint8, count=self.n_envs * self.info_bytes,
                               offset=self.info_offset).reshape(self.n_envs, self.info_bytes)
         return lengths, slots
+
+    def finished_view(self, buf: memoryview) -> np.ndarray:
+        """When each env's latest step ended (time.monotonic(); 0: never)."""
+        return np.frombuffer(buf, dtype=np.float64, count=self.n_envs, offset=self.finished_offset)
+
+
+class SendClock:
+    """The parent's side of ``timeout=``: when each env was last sent, and which are late (see
+    the module docstring).  Only a pool with a timeout has one: without, send() reads no clock."""
+
+    def __init__(self, n_envs: int, timeout: float, finished_at: np.ndarray) -> None:
+        self.timeout = timeout
+        self.sent_at = np.full(n_envs, np.inf)  # inf: not with a worker (never sent, or reset)
+        self.finished_at: np.ndarray | None = finished_at
+
+    def sent(self, ids: np.ndarray) -> None:
+        """Envs ``ids`` are about to be pushed to their workers (stamped first: a worker may
+        finish one before the push returns)."""
+        self.sent_at[ids] = time.monotonic()
+
+    def forget(self) -> None:
+        """No env is with a worker (async_reset puts every env in the out queue itself)."""
+        self.sent_at[:] = np.inf
+
+    def late(self, in_flight: np.ndarray, now: float) -> tuple[list[int], float]:
+        """The envs in flight sent more than ``timeout`` before ``now`` that have not finished
+        since, and how long ago the first of them was sent."""
+        assert self.finished_at is not None
+        sent_at = self.sent_at
+        late = np.flatnonzero(in_flight & (sent_at <= now - self.timeout) & (self.finished_at < sent_at))
+        if late.size == 0:
+            return [], 0.0
+        return late.tolist(), float(now - sent_at[late].min())
+
+    def release(self) -> None:
+        self.finished_at = None  # a view of the pool segment
 
 
 class InfoTooLargeError(ValueError):
@@ -115,6 +166,7 @@ class PoolServer:
         self.out_q = IndexQueue(buf, layout.out_offset, layout.out_capacity, False)
         self.in_q = IndexQueue(buf, layout.in_offsets[w], layout.in_capacity[w], False)
         self.info_len, self.info_slots = layout.info_views(buf)
+        self.finished_at = layout.finished_view(buf)
         env = worker.envs[0]
         main = Layout(env.observation_space, env.action_space, n_envs, n_workers, mailbox_bytes)
         views = main.views(worker.shm.buf)
@@ -124,7 +176,7 @@ class PoolServer:
     def detach(self) -> None:
         self.read_action = None  # type: ignore[assignment]
         self._views = None
-        self.info_len = self.info_slots = None  # type: ignore[assignment]
+        self.info_len = self.info_slots = self.finished_at = None  # type: ignore[assignment]
         for q in (self.out_q, self.in_q):
             q.release()
         self.shm.close()
@@ -144,6 +196,7 @@ class PoolServer:
         step = self._step_same if worker.autoreset == P.AUTORESET_SAME_STEP else self._step_next
         words, seq_word = worker.words, P.word(worker.index, P.CMD_SEQ)
         env_at = P.word(worker.index, P.ENV_AT)  # envs come in any order: stored before each (_protocol)
+        finished_at, now = self.finished_at, time.monotonic
         while True:
             j = in_q.pop(P.PARENT_POLL_S, self.spin)
             if j is None:
@@ -162,6 +215,7 @@ class PoolServer:
                 worker.current = i
                 out_q.push(ERROR_BIT | worker.index, True)  # urgent: wakes a waiting recv()
                 raise
+            finished_at[i] = now()
             out_q.push(i)
 
     def _put_info(self, i: int, info: Any) -> None:

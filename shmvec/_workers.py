@@ -18,7 +18,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
-import secrets
 import signal
 import sys
 import time
@@ -40,6 +39,7 @@ from shmvec._machine import note_workers
 from shmvec._masks import resolve as resolve_masks
 from shmvec._options import Options
 from shmvec._registrations import explain_not_found
+from shmvec._segment import create_segment
 from shmvec._sync import Words
 from shmvec._worker import worker_main
 
@@ -223,18 +223,9 @@ class WorkerSet:
 
     def create_block(self, nbytes: int, reserve: int | None = None) -> SharedMemory:
         """The shared block, the pages of its first ``reserve`` bytes (default all) reserved now
-        (ENOSPC here, not SIGBUS mid-step); the lease blocks after them are reserved when first
-        used (shmvec._leases)."""
-        self.shm = shm = SharedMemory(name=f"shmvec_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=nbytes)
-        nbytes = nbytes if reserve is None else reserve
-        try:
-            os.posix_fallocate(shm._fd, 0, nbytes)
-        except (AttributeError, OSError) as exc:
-            if getattr(exc, "errno", None) == 28:
-                raise ShmVecEnvError(
-                    f"/dev/shm has no room for {nbytes} bytes of buffers; enlarge it "
-                    "(docker: --shm-size) or use fewer envs or smaller observations."
-                ) from exc
+        (ENOSPC here, not SIGBUS mid-step: :func:`shmvec._segment.create_segment`); the lease
+        blocks after them are reserved when first used (shmvec._leases)."""
+        self.shm = shm = create_segment(nbytes, reserve)
         return shm
 
     def block_fd(self) -> int:

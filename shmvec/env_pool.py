@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import numbers
 import os
-import secrets
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -41,7 +40,8 @@ from shmvec._errors import InvalidActionError, ShmVecEnvError, SpaceError, Worke
 from shmvec._layout import close_mapping, make_gather
 from shmvec._queue import IndexQueue, push_in_flight, release_in_flight, send_ids_valid
 from shmvec._rows import copy_actions
-from shmvec._state import record, serialized
+from shmvec._segment import create_segment
+from shmvec._state import FORKED, record, serialized
 from shmvec.shm_vector_env import (
     ENGINE_OPTIONS,
     checked_env_fns,
@@ -73,9 +73,10 @@ class _PoolResources:
     views: Any = None
     unlinked = False
     released = False
+    pid: int | None = None  # the process that created the segment: a forked child never unlinks it
 
     def unlink(self) -> None:
-        if self.shm is not None and not self.unlinked:
+        if self.shm is not None and not self.unlinked and os.getpid() == self.pid:
             self.unlinked = True
             try:
                 self.shm.unlink()
@@ -154,6 +155,36 @@ def write_action_rows(engine: Engine, actions: Any, ids: np.ndarray) -> None:
                 raise by_env_id(exc, ids) from None
         engine.views.act[leaf.path][ids] = arr.astype(leaf.dtype, copy=False)
 
+def check_late(engine: Engine, clock: _pool.SendClock | None, in_flight: np.ndarray, now: float) -> None:
+    """:raises WorkerTimeoutError: an env in flight was sent more than ``timeout=`` before ``now``
+    and has not finished its step (``clock`` None: the pool has no timeout)."""
+    if clock is None:
+        return
+    late, age = clock.late(in_flight, now)
+    if not late:
+        return
+    busy = sorted({engine.owner[i] for i in late})
+    at = []
+    for w in busy:
+        stepping = engine.workers.env_of(w)
+        queued = [i for i in late if engine.owner[i] == w and i != stepping]
+        at.append(f"; worker {w}" + ("" if stepping is None else f", in env {stepping}")
+                  + (f" ({_named(queued)} queued behind it)" if queued and stepping is not None else ""))
+    stacks = engine.workers.stacks(busy)
+    one = len(late) == 1
+    raise record(engine.status, WorkerTimeoutError(
+        f"pool recv: the step{'' if one else 's'} of {_named(late)} did not finish within {clock.timeout:g} s "
+        f"of {'its' if one else 'their'} send() ({'sent' if one else 'the first sent'} {age:.1f} s ago){''.join(at)}. "
+        + ("Where each was is shown above (faulthandler). " if stacks else "")
+        + "An env may hang: call close() (it terminates the workers) and build a new pool, with a larger "
+        "timeout= if the env is only slow."
+    ), cause=stacks)
+
+
+def _named(envs: list[int]) -> str:
+    return f"env {envs[0]}" if len(envs) == 1 else "envs " + ", ".join(map(str, envs))
+
+
 def no_pickled_leaves(engine: Engine) -> SpaceError:
     return SpaceError(
         f"the pools (ShmEnvPool, ShmVecEnvPool) hold every observation and action in shared memory, and "
@@ -178,8 +209,9 @@ class ShmEnvPool(Uncopyable):
         ``batch_size`` envs must be in flight when ``recv`` is called.
     :param autoreset_mode: ``AutoresetMode.NEXT_STEP`` or ``SAME_STEP``.
     :param info_bytes: room per env for its info message (a larger info raises in the worker).
-    :param n_workers, start_method, worker_threads, timeout, spin_us: as for :class:`shmvec.ShmVecEnv`;
-        so are further keyword arguments (``envs_per_worker``, ``cpu_affinity``, ``preload``, ...).
+    :param timeout: seconds each env's step may take from its ``send`` (WorkerTimeoutError past it).
+    :param n_workers, start_method, worker_threads, spin_us: as for :class:`shmvec.ShmVecEnv`; so are
+        further keyword arguments (``envs_per_worker``, ``cpu_affinity``, ``preload``, ...).
 
     :raises ValueError: a bad ``batch_size`` or autoreset mode.
     """
@@ -193,6 +225,7 @@ class ShmEnvPool(Uncopyable):
     _running = False
     _out_q: IndexQueue | None = None
     _in_qs: list = []
+    _clock: _pool.SendClock | None = None  # with timeout=: when each env was sent (the timeout's check)
     closed = True
     _alive_at = 0.0  # when recv() last checked that the workers are alive
 
@@ -260,14 +293,18 @@ class ShmEnvPool(Uncopyable):
             raise no_pickled_leaves(engine)
         layout = self._pool_layout = _pool.PoolLayout(engine.slices, info_bytes)
         pres = self._pres = _PoolResources()
+        pres.pid = os.getpid()
         self._pool_finalizer = weakref.finalize(self, pres.release)
-        pres.shm = SharedMemory(name=f"shmvec_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=layout.nbytes)
+        # Its pages reserved, as the engine's block: a nearly full /dev/shm raises here, not SIGBUS.
+        pres.shm = create_segment(layout.nbytes, what="the pool's queues and info slots")
         buf = pres.shm.buf
         out_q = IndexQueue(buf, layout.out_offset, layout.out_capacity, True)
         in_qs = [IndexQueue(buf, off, cap, True) for off, cap in zip(layout.in_offsets, layout.in_capacity)]
         pres.queues = [out_q, *in_qs]
         self._out_q, self._in_qs = out_q, in_qs
         self._info_len, self._info_slots = layout.info_views(buf)
+        if engine.timeout is not None:
+            self._clock = _pool.SendClock(engine.num_envs, engine.timeout, layout.finished_view(buf))
         pres.views = (self._info_len, self._info_slots)
         targets = [sl.start for sl in engine.slices]  # one env per worker: each attaches once
         engine.call(P.Call.POOL_ATTACH, targets, (pres.shm.name, engine.slices, engine.num_envs, engine.n_workers,
@@ -300,6 +337,8 @@ class ShmEnvPool(Uncopyable):
             pass
         self._partial = []
         self._in_flight[:] = False
+        if self._clock is not None:
+            self._clock.forget()
         results = engine.reset(seeds, per_env)
         self._pending_infos = {}
         for items in results:
@@ -340,6 +379,8 @@ class ShmEnvPool(Uncopyable):
             raise ShmVecEnvError("send() before reset(): call reset() or async_reset() first")
         ids = checked_send_ids(env_ids, self.num_envs, self._in_flight)
         write_action_rows(engine, actions, ids)
+        if self._clock is not None:
+            self._clock.sent(ids)
         # Marked and pushed in one C call: a Ctrl-C lands before (nothing sent) or after (all sent).
         push_in_flight(self._in_qs, self._in_flight_u8, ids, self._owner, self._starts_i64)
 
@@ -348,8 +389,8 @@ class ShmEnvPool(Uncopyable):
         """Waits for the next ``batch_size`` envs to finish; returns (obs, rewards, terminated, truncated, infos).
 
         :raises ShmVecEnvError: fewer than ``batch_size`` envs are in flight (it would wait forever).
-        :raises WorkerDiedError, WorkerTimeoutError: a worker died or did not answer in time;
-            the original exception type if an env raised.
+        :raises WorkerDiedError, WorkerTimeoutError: a worker died, or an env's step outlasted
+            ``timeout`` from its send(); the original exception type if an env raised.
         """
         result = self._recv_held()
         self._release_received()
@@ -369,9 +410,10 @@ class ShmEnvPool(Uncopyable):
         now = time.monotonic()
         if now - self._alive_at >= P.POLL_S:
             # Every POLL_S at most, not only when a wait comes back empty: other workers that keep
-            # the pool fed must not hide a dead one (its envs would stay in flight for ever).
+            # the pool fed must not hide a dead or hung one (its envs would stay in flight for ever).
             self._alive_at = now
             engine.channel.check_alive("pool recv")
+            check_late(engine, self._clock, self._in_flight, now)
         n = self.batch_size if order is None else len(order)
         in_flight = int(self._in_flight.sum())
         if in_flight < n:
@@ -380,10 +422,6 @@ class ShmEnvPool(Uncopyable):
             )
         out_q = self._out_q
         ids = self._partial  # kept across calls: a recv() interrupted (Ctrl-C) loses no env
-        # The timeout counts real time since the last env arrived; stamped only once a poll times
-        # out (an env's arrival just forgets the stamp), so the hot path reads no clock.
-        since: float | None = None
-        stamped_at = len(ids)
         error_bit = _pool.ERROR_BIT
         while len(ids) < n:
             # Popped and appended to ids in one C call: a Ctrl-C cannot lose an env between them.
@@ -394,21 +432,7 @@ class ShmEnvPool(Uncopyable):
                     v = out_q.pop_to(ids, P.POLL_S, self._spin, error_bit)
             if v is None:
                 engine.channel.check_alive("pool recv")
-                now = time.monotonic()
-                if since is None or stamped_at != len(ids):
-                    since, stamped_at = now - P.POLL_S, len(ids)  # this poll waited POLL_S already
-                if engine.timeout is not None and now - since >= engine.timeout:
-                    # The out queue is empty: every env in flight and not in ids is with its worker.
-                    arrived = set(ids)
-                    busy = sorted({engine.owner[i] for i in np.flatnonzero(self._in_flight).tolist()
-                                   if i not in arrived})
-                    stacks = engine.workers.stacks(busy)
-                    raise record(engine.status, WorkerTimeoutError(
-                        f"pool recv: {n - len(ids)} of batch_size={n} envs did not finish within {engine.timeout:g} s"
-                        + "".join(f"; worker {w}{engine.workers.in_env(w)}" for w in busy) + ". "
-                        + ("Where each was is shown above (faulthandler). " if stacks else "")
-                        + "An env may hang; call close() (it terminates the workers) and build a new pool."
-                    ), cause=stacks)
+                check_late(engine, self._clock, self._in_flight, time.monotonic())
                 continue
             if v & _pool.ERROR_BIT:
                 self._stop()  # raises the env's exception (and marks the engine broken)
@@ -448,6 +472,8 @@ class ShmEnvPool(Uncopyable):
         if ids.size == 0:
             raise ValueError("step_envs() needs at least one env id")
         write_action_rows(engine, actions, ids)
+        if self._clock is not None:
+            self._clock.sent(ids)
         push_in_flight(self._in_qs, self._in_flight_u8, ids, self._owner, self._starts_i64)
         result = self._recv_held(ids.tolist())
         self._release_received()
@@ -492,7 +518,9 @@ class ShmEnvPool(Uncopyable):
         engine, self._engine = self._engine, None
         try:
             if engine is not None:
-                if self._running:
+                # In a child of os.fork() the workers and the queues are the parent's: no STOP
+                # (the parent's pool would stop serving); engine.close() drops the child's mapping.
+                if self._running and engine.status.state is not FORKED:
                     try:
                         self._stop_workers()  # workers still serving the pool then see CLOSE
                         if engine.status.failure is None:
@@ -505,6 +533,8 @@ class ShmEnvPool(Uncopyable):
         finally:
             self._out_q = self._in_qs = None  # type: ignore[assignment]
             self._info_len = self._info_slots = None  # type: ignore[assignment]
+            if self._clock is not None:
+                self._clock.release()
             if self._pres is not None:
                 self._pres.release()
                 self._pool_finalizer.detach()

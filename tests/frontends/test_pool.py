@@ -476,22 +476,22 @@ def test_interrupted_recv_loses_no_env_and_timeout_is_reported():
         pool.close()  # terminates the sleeping workers
 
 
-def test_recv_timeout_counts_from_the_last_env_that_arrived():
-    """timeout=0.6 with env 0 back after 0.4 s and env 1 hung: recv raises 0.6 s after env 0
-    arrived (about 1 s in), not 0.6 s after it began."""
+def test_recv_timeout_counts_from_each_envs_send():
+    """timeout=1.2 with env 0 back after 1 s and env 1 hung: recv raises 1.2 s after env 1 was
+    sent (its step is what the timeout bounds), not 1.2 s after env 0 arrived (about 2.2 s in)."""
     import time
 
     from shmvec import WorkerTimeoutError
 
-    fns = [functools.partial(testenvs.make_sleepy_env, 0.4), functools.partial(testenvs.make_sleepy_env, 60.0)]
-    pool = ShmEnvPool(fns, batch_size=2, n_workers=2, start_method="fork", timeout=0.6)
+    fns = [functools.partial(testenvs.make_sleepy_env, 1.0), functools.partial(testenvs.make_sleepy_env, 60.0)]
+    pool = ShmEnvPool(fns, batch_size=2, n_workers=2, start_method="fork", timeout=1.2)
     try:
         pool.reset()  # returns the first batch (both envs)
-        pool.send(np.zeros(2, dtype=np.int64), [0, 1])
         t0 = time.monotonic()
-        with pytest.raises(WorkerTimeoutError, match="1 of batch_size=2 envs did not finish within 0.6 s"):
+        pool.send(np.zeros(2, dtype=np.int64), [0, 1])
+        with pytest.raises(WorkerTimeoutError, match=r"the step of env 1 did not finish within 1.2 s of its send\(\)"):
             pool.recv()
-        assert 0.95 < time.monotonic() - t0 < 10.0
+        assert 1.15 < time.monotonic() - t0 < 2.0
     finally:
         pool.close()  # terminates the sleeping worker
 
@@ -508,7 +508,8 @@ def test_recv_timeout_names_the_stuck_env_and_shows_where_it_hangs():
         with pytest.raises(WorkerTimeoutError) as info:
             pool.recv()
         # Worker 0 is idle (its envs came back): only worker 1, in env 3, is named and asked.
-        assert "1 of batch_size=4 envs did not finish within 0.6 s; worker 1, in env 3. " in str(info.value)
+        assert "env 3 did not finish within 0.6 s of its send() (sent " in str(info.value)
+        assert "; worker 1, in env 3. " in str(info.value)
         stack = info.value.__cause__
         assert isinstance(stack, WorkerStacks) and "testenvs.py" in str(stack) and "in step" in str(stack)
         assert "worker 0" not in str(stack)
