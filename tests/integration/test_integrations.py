@@ -197,6 +197,13 @@ class TestRLZoo:
 
         out = run("rl_zoo3.train", "-n", "512")  # PPO's CartPole hyperparameters: 8 envs x 32 steps, 2 updates
         assert "Using 8 environments" in out and "total_timesteps      | 512" in out
+        assert "Vec env: shmvec.ShmVecEnv (set by --gym-packages shmvec.integrations.rl_zoo; --vec-env dummy is " \
+               "not used)" in out, out
+        import yaml  # the zoo's own dependency; its args.yml holds an OrderedDict, as the zoo reads it back
+
+        saved = yaml.load((tmp_path / "logs" / "ppo" / "CartPole-v1_1" / "CartPole-v1" / "args.yml").read_text(),
+                          Loader=yaml.UnsafeLoader)
+        assert saved["vec_env_cls"] == "shmvec.ShmVecEnv" and saved["vec_env"] == "dummy", saved
         built = probe.read_text().splitlines()
         assert "ShmVecEnv 8" in built  # the training envs (the evaluation envs too are ShmVecEnvs)
         assert (tmp_path / "logs" / "ppo" / "CartPole-v1_1" / "CartPole-v1.zip").exists()
