@@ -25,6 +25,9 @@ __all__ = [
     "BrokenVecEnvError",
     "AlreadyPendingCallError",
     "NoAsyncCallError",
+    "ConcurrentCallError",
+    "ForkedVecEnvError",
+    "UnknownAgentError",
     "SpaceError",
     "ObservationError",
     "RemoteEnvError",
@@ -48,6 +51,8 @@ if TYPE_CHECKING:  # pragma: no cover
         AlreadyPendingCallError,
         BrokenVecEnvError,
         ClosedVecEnvError,
+        ConcurrentCallError,
+        ForkedVecEnvError,
         InvalidActionError,
         InvalidActionWarning,
         NoAsyncCallError,
@@ -57,6 +62,7 @@ if TYPE_CHECKING:  # pragma: no cover
         ShmVecEnvError,
         SpaceError,
         TooManyRestartsError,
+        UnknownAgentError,
         WorkerDiedError,
         WorkerRestartWarning,
         WorkerTimeoutError,
@@ -114,7 +120,7 @@ def __getattr__(name: str) -> Any:
         from shmvec._seeds import spawn_seeds
 
         return spawn_seeds
-    if name in __all__:
+    if name in __all__:  # the errors and warnings (ConcurrentCallError, ForkedVecEnvError, ...)
         from shmvec import _errors
 
         return getattr(_errors, name)

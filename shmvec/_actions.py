@@ -16,6 +16,12 @@ What happens to invalid actions is the vec env's ``invalid_actions`` option:
 env indices, and nothing is sent), ``"warn"`` (:class:`InvalidActionWarning`,
 then the actions are sent as they are) or ``"ignore"`` (no check at all).
 
+These rules are written once, here, for every face: :class:`ActionWriter` (the SB3 and Gymnasium
+faces, ``ShmMultiAgentVecEnv``'s stacked rows), and :func:`leaf_batch` with :func:`leaf_check` for
+``ShmParallelEnv``'s batch of each agent (named as ``actions['agent_0']``), so that a batch one
+face refuses (floats that are not whole numbers for an integer space, one value for every env) no
+face truncates or broadcasts.
+
 The usual batch (an ndarray of the leaf's shape and dtype) is checked and copied
 in one C loop (``shmvec._rows.copy_actions``, about 0.15 us for 64 envs; the
 arguments per leaf come from :func:`make_fast_copies`).  Anything else, and any
@@ -310,13 +316,20 @@ class ActionWriter:
         of :meth:`write` keeps this object, which must not keep the mapping."""
         self.buffers = self.single = self.pickled = None
 
-    def write(self, actions: Any) -> dict[int, bytes] | None:
-        """:returns: with leaves without a fixed size, the pickles of their values to send through
+    def write(self, actions: Any, checked: bool = False) -> dict[int, bytes] | None:
+        """``checked``: ``actions`` is the batch of a one-leaf space, of its shape and dtype, that
+        the caller has checked with this module's rules already (ShmParallelEnv, agent by agent,
+        to name them): copied as it is (a second check would warn twice with ``invalid_actions="warn"``).
+
+        :returns: with leaves without a fixed size, the pickles of their values to send through
             the workers' pipes once the step is posted, by worker (the others are in the mailboxes).
         :raises ValueError: the actions do not fit the space (shape, dtype, the number of per-env
             actions; a leaf without a fixed size: not one value per env); ``InvalidActionError`` (a
             ValueError): NaN or out of range, naming the envs (``invalid_actions="raise"``); what
             pickling a value raised."""
+        if checked and self.root and self.pickled is None:
+            np.copyto(self.buffers[()], actions, casting="safe")
+            return None
         messages = self.pickled[0](actions) if self.pickled is not None else None  # raises before any write
         if self.root:
             self._write_leaf(self.leaves[0], actions)
@@ -407,25 +420,39 @@ class ActionWriter:
         fast = self.fast.get(leaf.path)
         if fast is not None and copy_actions(value, self.buffers[leaf.path], *fast):
             return  # an ndarray of the right shape and dtype whose values pass the check
-        try:
-            arr = np.asarray(value)
-        except ValueError:  # per-env values of different shapes
-            raise stack_error(value, leaf, self.n_envs) from None
-        if arr.shape != (self.n_envs, *leaf.shape):
-            arr = as_rows(arr, value, leaf, self.n_envs)
-        if arr.dtype != leaf.dtype and (leaf.dtype.kind in "iu" or not np.can_cast(arr.dtype, leaf.dtype, "same_kind")):
-            exact = exact_integers(arr, leaf.dtype)  # whole floats, as SB3 sends MultiBinary actions
-            if exact is None:
-                where = "".join(f"[{k!r}]" for k in leaf.path)
-                raise ValueError(
-                    f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype} "
-                    "(floats or other integers are accepted for an integer space only when every value is a whole "
-                    "number that fits)")
-            arr = exact
+        arr = leaf_batch(value, leaf, self.n_envs)
         check = self.checks.get(leaf.path)
         if check is not None:
             check(arr)  # NaN, out of range: raises InvalidActionError (or warns) naming the envs
         np.copyto(self.buffers[leaf.path], arr, casting="unsafe")
+
+
+def leaf_batch(value: Any, leaf: Any, n_rows: int, rows: str = "envs") -> np.ndarray:
+    """``value``, one leaf's batch, as an array of ``(n_rows, *leaf.shape)`` (:func:`batch_array`)
+    whose values the leaf's dtype holds as they are: cast where that is exact (whole floats and
+    integers that fit, as SB3 sends MultiBinary actions), never truncated, wrapped or broadcast.
+    Every face's actions go through it (ActionWriter, ShmParallelEnv's per-agent batches); the
+    values are checked after it (:func:`leaf_check`).
+
+    :raises ValueError: not one row per env (:func:`batch_array`), or a dtype that does not cast
+        exactly (``1.7`` for an integer space).
+    """
+    arr = batch_array(value, leaf, n_rows, rows)
+    if arr.dtype != leaf.dtype and (leaf.dtype.kind in "iu" or not np.can_cast(arr.dtype, leaf.dtype, "same_kind")):
+        exact = exact_integers(arr, leaf.dtype)
+        if exact is None:
+            raise ValueError(
+                f"actions{_where(leaf.path)} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype} "
+                "(floats or other integers are accepted for an integer space only when every value is a whole "
+                f"number that fits); got {_shown(arr)}")
+        arr = exact
+    return arr
+
+
+def _shown(arr: np.ndarray, most: int = 8) -> str:
+    """The first ``most`` values of ``arr``, flat, for a message."""
+    values = str(arr.reshape(-1)[:most].tolist())
+    return values if arr.size <= most else values[:-1] + ", ...]"
 
 
 def batch_array(value: Any, leaf: Any, n_rows: int, rows: str = "envs") -> np.ndarray:

@@ -34,6 +34,13 @@ observation is then the ``"observation"`` part), or its info has an ``"action_ma
 engine's mask machinery (:mod:`shmvec._masks`) takes it into shared memory.  An agent without a
 mask this step (inactive, or none given) has every action allowed; with ``pad=True`` the actions
 past an agent's own ``n`` are not.
+
+The rows are fixed when the vec env starts: an agent that is not in ``possible_agents`` has none.
+Every reset and step checks the env's reports against them (the keys of its observations,
+rewards, terminations, truncations and infos, and its ``agents``), and one that names another
+agent raises :class:`shmvec._errors.UnknownAgentError` in the worker (the parent re-raises it with
+the worker's traceback, naming the env and the command), at the first reset or step it appears:
+its values would otherwise go nowhere, or into other agents' rows.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from shmvec._errors import SpaceError
+from shmvec._errors import SpaceError, UnknownAgentError
 
 __all__ = ["AgentsEnv", "AgentsFactory", "agent_spaces", "as_parallel", "homogenize"]
 
@@ -188,6 +195,8 @@ class AgentsEnv(gym.Env):
         self.par_env = env = as_parallel(env, index)
         self.possible_agents = agents = list(env.possible_agents)
         self._index = {agent: k for k, agent in enumerate(agents)}
+        self._known = frozenset(agents)
+        self._env_index = index
         self.n_agents = n = len(agents)
         self._mask_in_obs = [masked_dict(env.observation_space(a)) for a in agents]
         self.masked_observations = any(self._mask_in_obs)  # (ShmParallelEnv refuses them)
@@ -268,6 +277,27 @@ class AgentsEnv(gym.Env):
                 trunc[k] = bool(truncs.get(agent, False))
         return {"obs": out_obs, "rew": rew, "term": term, "trunc": trunc, "active": active}
 
+    def _check_agents(self, call: str, obs: dict, rews: dict | None, terms: dict | None, truncs: dict | None,
+                      infos: dict) -> None:
+        """:raises UnknownAgentError: the env's ``call`` ("reset", "step") reported an agent that
+        is not one of ``possible_agents`` (the module docstring)."""
+        known = self._known
+        reports = (("observations", obs), ("rewards", rews), ("terminations", terms), ("truncations", truncs),
+                   ("infos", infos), ("agents", getattr(self.par_env, "agents", None) or ()))
+        for what, reported in reports:
+            if reported is not None and not known.issuperset(reported):
+                raise self._unknown(next(a for a in reported if a not in known), what, call)
+
+    def _unknown(self, agent: Any, what: str, call: str) -> UnknownAgentError:
+        index = self._env_index
+        where = f"env {index}" if index is not None else "the env"
+        return UnknownAgentError(
+            f"{where} ({type(self.par_env).__name__}) reported the agent {agent!r} in the {what} of its {call}(), "
+            f"which is not one of its possible_agents {self.possible_agents}: the vec env has one row per possible "
+            "agent, fixed when it starts, and none for another. List every agent that can ever appear in "
+            "possible_agents (it is read once, from the env as built).",
+            agent, index, call, self.possible_agents)
+
     @staticmethod
     def _infos(infos: dict) -> dict:
         return {agent: info for agent, info in infos.items() if info}
@@ -276,13 +306,16 @@ class AgentsEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         obs, infos = self.par_env.reset(seed=seed, options=options)
         infos = infos or {}
+        self._check_agents("reset", obs, None, None, None, infos)
         return self._stack(obs, None, None, None, infos), self._infos(infos)
 
     def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, dict]:
         env = self.par_env
         acts = {}
         for agent in env.agents:
-            k = self._index[agent]
+            k = self._index.get(agent)
+            if k is None:  # (added to env.agents since its last reset or step)
+                raise self._unknown(agent, "agents", "step")
             a = action[k]
             if self._discrete_act:
                 if self._pad_act[k] and a >= self._own_act[k].start + self._own_act[k].n:
@@ -294,6 +327,7 @@ class AgentsEnv(gym.Env):
             acts[agent] = a
         obs, rews, terms, truncs, infos = env.step(acts)
         infos = infos or {}
+        self._check_agents("step", obs, rews, terms, truncs, infos)
         stacked = self._stack(obs, rews, terms, truncs, infos)
         ended_now = [a for a in set(terms) | set(truncs) if terms.get(a) or truncs.get(a)]
         alive = [a for a in env.agents if not (terms.get(a) or truncs.get(a))]

@@ -25,27 +25,12 @@ from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
 from shmvec import _protocol as P
-from shmvec._errors import WorkerTimeoutError, unpack_exception
+from shmvec._errors import WorkerTimeoutError, envs_named, unpack_exception
 from shmvec._layout import group_by_slice
 from shmvec._state import Status, record
 from shmvec._workers import BROKEN_HINT, CLOSE_JOIN_S, DIED_JOIN_S, START_HINT, WorkerSet
 
 CALL_HINT = "The vec env is still usable."
-
-
-def ranges(indices: list[int]) -> str:
-    """``[0, 1, 2, 5]`` as ``"0..2, 5"``."""
-    if not indices:
-        return "none"
-    out, start, prev = [], indices[0], indices[0]
-    for i in indices[1:] + [None]:  # type: ignore[list-item]
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        out.append(f"{start}" if start == prev else f"{start}..{prev}")
-        if i is not None:
-            start = prev = i
-    return ", ".join(out)
 
 
 class Channel:
@@ -101,7 +86,7 @@ class Channel:
                         else "Call close() (it terminates it) and build a new vec env.")
                 stacks = workers.stacks([w])
                 raise record(self.status, WorkerTimeoutError(
-                    f"{command}: worker {w} (envs {sl.start}..{sl.stop - 1}{workers.in_env(w)}) did not answer "
+                    f"{command}: worker {w} ({envs_named(sl)}{workers.in_env(w)}) did not answer "
                     f"within {self.timeout:g} s. " + ("Where it was is shown above (faulthandler). " if stacks else "")
                     + what
                 ), stacks)
@@ -182,7 +167,7 @@ class Channel:
                     if self.timeout is not None and time.monotonic() - since >= self.timeout:
                         sl = self.workers.slices[w]
                         raise record(self.status, WorkerTimeoutError(
-                            f"{command}: worker {w} (envs {sl.start}..{sl.stop - 1}) did not read its message "
+                            f"{command}: worker {w} ({envs_named(sl)}) did not read its message "
                             f"({n} bytes) within {self.timeout:g} s. The env may hang; call close() (it terminates "
                             "it) and build a new vec env."))
         finally:
@@ -285,7 +270,7 @@ class Channel:
                 tag, payload = pickle.loads(data)
             except Exception as exc:  # read whole: the pipe is in step, the env stays usable
                 exc.add_note(
-                    f"shmvec: the answer of worker {w} (envs {ranges(idx)}) to {name} pickled there but does "
+                    f"shmvec: the answer of worker {w} ({envs_named(idx)}) to {name} pickled there but does "
                     "not unpickle in this process (an object only the worker can rebuild: a CUDA tensor, "
                     "a class the worker imported); return plain data (numbers, numpy arrays) instead."
                 )

@@ -40,7 +40,7 @@ import numpy as np
 
 from shmvec import _protocol as P
 from shmvec._actions import ActionWriter
-from shmvec._channel import Channel, RareCall, ranges
+from shmvec._channel import Channel, RareCall
 from shmvec._codec import load_result
 from shmvec._errors import (
     AlreadyPendingCallError,
@@ -51,6 +51,7 @@ from shmvec._errors import (
     WorkerTimeoutError,
     caused,
     describe_exitcode,
+    envs_named,
     unpack_exception,
 )
 from shmvec._describe import describe_env_fns
@@ -184,14 +185,15 @@ class Engine:
         return self.obs_leaf.copy() if self.obs_leaf is not None else self.obs_copy(slice(None))
 
     # ---- the step -----------------------------------------------------------------------------------
-    def post_step(self, actions: Any) -> None:
+    def post_step(self, actions: Any, checked: bool = False) -> None:
         """Writes ``actions`` into shared memory and starts every worker (state POSTED).
+        ``checked``: a batch the front-end checked already (:meth:`ActionWriter.write`).
 
         :raises ValueError: the actions do not fit (``InvalidActionError``: NaN or out of range).
         :raises AlreadyPendingCallError: a step is already in flight.
         """
         self.check_idle("step_async")
-        in_pipe = self.actions.write(actions)  # pickled actions too large for a mailbox (None: none)
+        in_pipe = self.actions.write(actions, checked)  # pickled actions too large for a mailbox (None: none)
         try:  # (restarted envs that await their truncation report are not stepped)
             self.post(P.Cmd.STEP, skip=self.restarts.fresh if self.restarts is not None else ())
             if in_pipe:
@@ -535,7 +537,7 @@ def died_in_close(w: int, code: int | None, report: str, slices: Sequence[range]
     """WorkerDiedError for worker ``w``, which died during close() (exit ``code``, its crash ``report``)."""
     sl = slices[w]
     return caused(WorkerDiedError(
-        f"worker {w} (envs {sl.start}..{sl.stop - 1}) died during close with {describe_exitcode(code)} "
+        f"worker {w} ({envs_named(sl)}) died during close with {describe_exitcode(code)} "
         "(in an env's close(), most likely" + ("; its Python stack is shown above" if report else "")
         + "). Everything was released anyway.",
         worker=w, env_indices=sl, exitcode=code,
@@ -545,7 +547,7 @@ def died_in_close(w: int, code: int | None, report: str, slices: Sequence[range]
 def explain_unloadable(exc: Exception, w: int, sl: range, command: str) -> None:
     """Notes on ``exc`` why worker ``w``'s result (of its envs ``sl``) may not load here."""
     exc.add_note(
-        f"shmvec: the {command} result of worker {w} (envs {sl.start}..{sl.stop - 1}) was written there "
+        f"shmvec: the {command} result of worker {w} ({envs_named(sl)}) was written there "
         "but does not load in this process: an info holds an object only the worker can rebuild "
         "(a CUDA tensor, a class the worker imported, a lock). Return plain data in infos. " + BROKEN_HINT)
 
@@ -558,7 +560,7 @@ def late_error(engine: Engine, command: str, limit: float) -> BaseException:
     at = "".join(f"; worker {w}{where}" for w in late if (where := workers.in_env(w)))
     stacks = workers.stacks(late)
     return record(engine.status, WorkerTimeoutError(
-        f"{command}: workers {late} (envs {ranges(envs)}{at}) did not answer within {limit:g} s. "
+        f"{command}: workers {late} ({envs_named(envs)}{at}) did not answer within {limit:g} s. "
         + ("Where each was is shown above (faulthandler). " if stacks else "")
         + "The env may hang; call close() (it terminates them) and build a new vec env."
     ), stacks)

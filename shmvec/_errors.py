@@ -16,6 +16,7 @@ import pickle
 import signal
 import sys
 import traceback
+from collections.abc import Iterable
 from typing import Any
 
 from gymnasium import error as _gym_error
@@ -85,6 +86,22 @@ class ObservationError(ShmVecEnvError, ValueError):
 
 class TooManyRestartsError(ShmVecEnvError):
     """With ``on_failure="restart"``: a failure came after ``max_restarts`` restarts; the vec env is broken."""
+
+
+class UnknownAgentError(ShmVecEnvError, ValueError):
+    """A PettingZoo env reported an agent that is not in its ``possible_agents`` (raised in the
+    worker, at the reset or step where the agent first appears; re-raised in the parent with the
+    worker's traceback).  ``agent``, ``env_index``, ``call`` ("reset" or "step") and
+    ``possible_agents`` say which, where and against what."""
+
+    def __init__(self, message: str, agent: Any = None, env_index: int | None = None, call: str = "step",
+                 possible_agents: list | None = None) -> None:
+        super().__init__(message)
+        self.agent, self.env_index, self.call = agent, env_index, call
+        self.possible_agents = list(possible_agents or [])
+
+    def __reduce__(self):  # its own args: it crosses processes
+        return type(self), (str(self), self.agent, self.env_index, self.call, self.possible_agents)
 
 
 class InvalidActionError(ShmVecEnvError, ValueError):
@@ -197,6 +214,23 @@ def caused(exc: BaseException, cause: BaseException | None) -> BaseException:
     if cause is not None:
         exc.__cause__ = cause
     return exc
+
+
+def envs_named(indices: Iterable[int]) -> str:
+    """Env indices in words, for messages: ``"env 3"``, ``"envs 0..3"``, ``"envs 0..2, 5"``,
+    ``"no env"`` (one form wherever a message names a worker's envs, or any set of them)."""
+    indices = list(indices)
+    if not indices:
+        return "no env"
+    out, start, prev = [], indices[0], indices[0]
+    for i in indices[1:] + [None]:  # type: ignore[list-item]
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(f"{start}" if start == prev else f"{start}..{prev}")
+        if i is not None:
+            start = prev = i
+    return ("env " if len(indices) == 1 else "envs ") + ", ".join(out)
 
 
 def describe_exitcode(exitcode: int | None) -> str:

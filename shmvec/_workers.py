@@ -32,7 +32,7 @@ from gymnasium import spaces
 
 from shmvec import _crash
 from shmvec import _protocol as P
-from shmvec._errors import ShmVecEnvError, SpaceError, WorkerDiedError, WorkerStacks, describe_exitcode
+from shmvec._errors import ShmVecEnvError, SpaceError, WorkerDiedError, WorkerStacks, describe_exitcode, envs_named
 from shmvec._layout import Layout, check_same_spaces, close_mapping, same_shapes
 from shmvec._leases import lease_count
 from shmvec._machine import note_workers
@@ -275,7 +275,7 @@ class WorkerSet:
             why += " Its Python stack when it died (faulthandler) is shown above."
         sl = self.slices[w]
         err = WorkerDiedError(
-            f"worker {w} (envs {sl.start}..{sl.stop - 1}) {what} with {describe_exitcode(proc.exitcode)}"
+            f"worker {w} ({envs_named(sl)}) {what} with {describe_exitcode(proc.exitcode)}"
             f"{self.in_env(w)}. {why} " + (START_HINT if starting else BROKEN_HINT),
             worker=w, env_indices=sl, exitcode=proc.exitcode,
         )

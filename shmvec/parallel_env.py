@@ -16,10 +16,12 @@ import numpy as np
 from gymnasium.vector.utils import batch_space
 
 from shmvec import _protocol as P
+from shmvec._actions import leaf_batch, leaf_check
 from shmvec._agents import agent_space
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
-from shmvec._errors import SpaceError
+from shmvec._errors import AlreadyPendingCallError, SpaceError
+from shmvec._layout import Leaf
 from shmvec._seeds import per_env_seeds
 from shmvec._state import serialized
 from shmvec.multi_agent_vec_env import agent_step_values, agents_engine, obs_leaves
@@ -97,6 +99,11 @@ class ShmParallelEnv(Uncopyable):
         self._batched_obs = batch_space(self._obs_space, n_envs)
         self._batched_act = batch_space(self._act_space, n_envs)
         self._act_shape = (n_envs, self.n_agents, *self._act_space.shape)
+        # Each agent's actions are checked as every face checks a leaf (shmvec._actions), named by agent.
+        act_shape, act_dtype = tuple(self._act_space.shape), np.dtype(self._act_space.dtype)
+        self._act_leaves = {a: Leaf((a,), act_shape, act_dtype) for a in agents}
+        policy = engine.options.invalid_actions
+        self._act_checks = {} if policy == "ignore" else {a: leaf_check(self._act_space, (a,), policy) for a in agents}
         self.metadata = engine.metadata
 
     @property
@@ -155,20 +162,40 @@ class ShmParallelEnv(Uncopyable):
 
         :returns: (obs, rewards, terminations, truncations, infos), keyed by agent.
         :raises KeyError: an action for an agent that is not in ``possible_agents``.
+        :raises ValueError: an agent's actions are not one per env, or do not cast exactly to the
+            action space's dtype (``1.7`` for a ``Discrete``); ``InvalidActionError`` (a ValueError):
+            NaN or out of range, naming the agent and the envs (``invalid_actions``), as every face.
+        :raises AlreadyPendingCallError: a step interrupted by Ctrl-C is in flight (``reset()`` drops it).
         """
-        engine = self._engine
-        engine.check_usable()
+        engine = self._usable("step")
         stacked = np.zeros(self._act_shape, dtype=self._act_space.dtype)
         for agent, action in actions.items():
             if agent not in self._index:
                 raise KeyError(f"{agent!r} is not one of possible_agents {self.possible_agents}")
-            stacked[:, self._index[agent]] = action
-        engine.post_step(stacked)
+            arr = leaf_batch(action, self._act_leaves[agent], self.num_envs)  # never truncated nor broadcast
+            check = self._act_checks.get(agent)
+            if check is not None:
+                check(arr)  # NaN, out of range: raises InvalidActionError (or warns) naming the agent and envs
+            stacked[:, self._index[agent]] = arr
+        # Checked above, agent by agent; an agent left out gets 0, which the engine checks as before.
+        engine.post_step(stacked, checked=len(actions) == self.n_agents)
         results = engine.complete_step()
         try:
             return self._step_results(engine, results)
         finally:
             engine.finish_step()
+
+    def _usable(self, what: str) -> Engine:
+        """The engine, if ``what`` can run: open, not broken, and no step in flight.  This face
+        has no ``step_wait()``: a step is left in flight only by a Ctrl-C in ``step()``, and
+        ``reset()`` drops it (the engine's own message would point at ``step_wait()``)."""
+        engine = self._engine
+        engine.check_usable()
+        if engine.status.pending == "step":
+            raise AlreadyPendingCallError(
+                f"{what}() while a step is in flight (a step() interrupted by Ctrl-C, its results not returned): "
+                "call reset() (it finishes that step and drops it), or close()")
+        return engine
 
     def _obs(self, engine: Engine) -> dict[str, Any]:
         obs = obs_leaves(engine)[("obs",)]
@@ -225,11 +252,12 @@ class ShmParallelEnv(Uncopyable):
     @serialized
     def render(self) -> tuple:
         """Each env's ``render()``, a tuple over envs (as Gymnasium's vector envs return frames)."""
-        return tuple(self._engine.call(P.Call.RENDER, None, ()))
+        return tuple(self._usable("render").call(P.Call.RENDER, None, ()))
 
     @serialized
     def state(self) -> np.ndarray:
         """Each env's ``state()`` (PettingZoo's global state), stacked over envs."""
+        self._usable("state")
         return np.stack(self.call("state"))
 
     @serialized
@@ -239,12 +267,12 @@ class ShmParallelEnv(Uncopyable):
 
         :raises: what the env raised (``AttributeError`` for a name it lacks).
         """
-        return tuple(self._engine.call(P.Call.ENV_METHOD, None, ("env_call", (name, args, kwargs), {})))
+        return tuple(self._usable("call").call(P.Call.ENV_METHOD, None, ("env_call", (name, args, kwargs), {})))
 
     @serialized
     def get_attr(self, name: str) -> tuple:
         """Each ``ParallelEnv``'s attribute ``name``, a tuple over envs."""
-        return tuple(self._engine.call(P.Call.ENV_METHOD, None, ("env_call", (name,), {})))
+        return tuple(self._usable("get_attr").call(P.Call.ENV_METHOD, None, ("env_call", (name,), {})))
 
     @serialized
     def set_attr(self, name: str, values: Any) -> None:
@@ -257,7 +285,7 @@ class ShmParallelEnv(Uncopyable):
             values = [values] * self.num_envs
         if len(values) != self.num_envs:
             raise ValueError(f"values must have one entry per env ({self.num_envs}), got {len(values)}")
-        engine = self._engine
+        engine = self._usable("set_attr")
         for e, value in enumerate(values):
             engine.call(P.Call.ENV_METHOD, [e], ("set_env_attr", (name, value), {}))
 

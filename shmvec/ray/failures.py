@@ -27,6 +27,7 @@ from shmvec._errors import (
     ShmVecEnvError,
     WorkerDiedError,
     WorkerTimeoutError,
+    envs_named,
 )
 
 __all__ = ["RayActorDiedError", "BROKEN_HINT", "CALL_HINT", "RESTARTED_HINT", "keeps_traceback", "unwrap",
@@ -97,7 +98,7 @@ def failure_reason(k: int, sl: range, info: dict[str, Any], exc: BaseException, 
                    call_timeout: float | None) -> str:
     """What failed in actor ``k`` (envs ``sl``, placed as ``info`` says), in one line, for
     ``info["shmvec_restarted"]`` and the warning."""
-    where = f"actor {k} (envs {sl.start}..{sl.stop - 1}, node {info.get('node_ip')}, pid {info.get('pid')})"
+    where = f"actor {k} ({envs_named(sl)}, node {info.get('node_ip')}, pid {info.get('pid')})"
     if isinstance(exc, ray.exceptions.RayActorError):
         return f"{where} died during {command}"
     if isinstance(exc, ray.exceptions.GetTimeoutError):
@@ -131,9 +132,9 @@ def failure_error(failures: dict[int, BaseException], actors: list[int], command
         err = _located(unwrap(e, RESTARTED_HINT if restarted and engine_failed(e) else hint), k, slices[k],
                        actor_info[k])
     elif late:
-        envs = ", ".join(f"{slices[k].start}..{slices[k].stop - 1}" for k in late)
+        envs = envs_named(i for k in late for i in slices[k])
         err = WorkerTimeoutError(
-            f"{command}: actors {late} (envs {envs}) did not answer within {call_timeout:g} s. "
+            f"{command}: actors {late} ({envs}) did not answer within {call_timeout:g} s. "
             + (RESTARTED_HINT if restarted else
                "An env may hang, or the cluster lacks the resources to place them (see `ray status`); "
                "call close() (it kills them) and build a new vec env.")
@@ -156,7 +157,7 @@ def _located(exc: BaseException, k: int, sl: range, info: dict[str, Any]) -> Bas
         exc.env_indices = [i + sl.start for i in local]
     where = f" on node {info['node_ip']} ({info['node_id'][:12]}...)" if info else ""
     exc.add_note(
-        f"shmvec.ray: raised in actor {k}{where}, which holds envs {sl.start}..{sl.stop - 1}: "
+        f"shmvec.ray: raised in actor {k}{where}, which holds {envs_named(sl)}: "
         f"its local env j is env {sl.start} + j of this RayShmVecEnv."
     )
     return exc
@@ -169,7 +170,7 @@ def _died(dead: list[tuple[int, BaseException]], slices: list[range], actor_info
         sl, info = slices[k], actor_info[k]
         where = (f"on node {info['node_ip']} (node id {info['node_id']}), pid {info['pid']}" if info
                  else "while being placed")
-        lines.append(f"actor {k} {where}, envs {sl.start}..{sl.stop - 1}")
+        lines.append(f"actor {k} {where}, {envs_named(sl)}")
     k0, cause = dead[0]
     info = actor_info[k0]
     reason = str(cause).strip().splitlines()

@@ -236,7 +236,7 @@ def test_an_info_that_does_not_load_names_the_worker_and_its_envs():
         with pytest.raises(Exception, match="only the worker can rebuild this") as info:
             env.step(np.zeros(2, dtype=np.int64))
         notes = "\n".join(getattr(info.value, "__notes__", []))
-        assert "worker 0 (envs 0..0)" in notes and "step" in notes and "plain data" in notes
+        assert "worker 0 (env 0)" in notes and "step" in notes and "plain data" in notes
     finally:
         env.close()
 
