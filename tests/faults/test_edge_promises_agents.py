@@ -4,7 +4,7 @@
   truncations, infos, ``agents``) at a reset, a step or the worker's autoreset, raises
   ``UnknownAgentError`` at once, naming the agent, the env, the call and ``possible_agents``, on
   both multi-agent faces and under every start method; never a silent step, nor a bare
-  ``KeyError`` a step later.
+  ``KeyError`` a step later.  The fault fuzz's event for these faces draws them at random.
 - ``ShmParallelEnv`` checks its actions as every face does (shmvec._actions): no float truncated,
   no array broadcast, out-of-range and NaN actions refused naming the agent and the envs.
 - One env is "env 1", never "envs 1..1", in every message that names a worker's envs; an
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import signal
 import threading
 import warnings
@@ -140,6 +141,49 @@ def test_an_agent_outside_possible_agents_is_named_with_restarts_too():
         assert "UnknownAgentError" in message and "'intruder'" in message and str(AGENTS) in message, message
         restarted = [str(w.message) for w in caught if issubclass(w.category, WorkerRestartWarning)]
         assert restarted and "UnknownAgentError" in restarted[0] and "'intruder'" in restarted[0]
+    finally:
+        env.close()
+
+
+FUZZ_FIRST_SEED = int(os.environ.get("SHMVEC_FAULT_FUZZ_SEED", "100"))
+FUZZ_CASES = int(os.environ.get("SHMVEC_AGENT_FUZZ_CONFIGS", "8"))
+
+
+def _draw_intruder(seed: int) -> dict:
+    rng = random.Random(seed)
+    n = rng.choice([1, 2, 3, 5])
+    when = rng.choice(["step", "step", "reset", "autoreset"])
+    return {
+        "face": rng.choice(FACES), "n": n, "n_workers": rng.randint(1, min(n, 3)),
+        "method": rng.choice(["fork", "fork", "forkserver", "spawn"]), "bad": rng.randrange(n), "when": when,
+        "where": rng.choice(WHERE if when == "step" else ("observations", "infos", "agents")),
+        "at": rng.randint(1, 3),
+    }
+
+
+@pytest.mark.parametrize("seed", range(FUZZ_FIRST_SEED, FUZZ_FIRST_SEED + FUZZ_CASES))
+def test_fuzzed_agents_outside_possible_agents_are_named_where_they_appear(seed):
+    """The fault fuzz's event for the multi-agent faces: a random face, envs, workers, start method,
+    env, report and moment; the error comes at that reset or step, never before, naming it all.
+    Longer runs: ``SHMVEC_AGENT_FUZZ_CONFIGS=100`` (and ``SHMVEC_FAULT_FUZZ_SEED``)."""
+    case = _draw_intruder(seed)
+    face = case["face"]
+    fns = intruder_fns(case["n"], bad=case["bad"], where=case["where"], when=case["when"], at=case["at"])
+    cls = ShmMultiAgentVecEnv if face == "ShmMultiAgentVecEnv" else ShmParallelEnv
+    env = cls(fns, n_workers=case["n_workers"], start_method=case["method"], timeout=60.0)
+    try:
+        if case["when"] == "reset":
+            with pytest.raises(ValueError) as info:
+                env.reset()
+            call, command = "reset", "reset"
+        else:
+            env.reset()
+            for _ in range(case["at"] - 1):
+                _step(env, face)  # nothing unknown yet: no error
+            with pytest.raises(ValueError) as info:
+                _step(env, face)
+            call, command = ("step" if case["when"] == "step" else "reset"), "step"
+        _assert_names_the_intruder(info.value, call, command, env=case["bad"])
     finally:
         env.close()
 
