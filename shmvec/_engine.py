@@ -254,8 +254,6 @@ class Engine:
         self.check_idle("reset" if wait else "reset_async")
         decide(self.threads, self.n_workers, self.options.public_name)  # until torch is loaded
         in_pipe = write_reset_args(self, seeds, options, mask)
-        if self.leases is not None:
-            self.leases.partial = mask is not None
         try:
             if not wait:
                 self.status.enter(RESETTING)
@@ -297,7 +295,7 @@ class Engine:
         words.store(P.PARENT_CPU, cpu if cpu >= 0 else P.NO_CPU)
         words.store(P.EARLY_WAKE, 0)
         if self.leases is not None:  # where the observations go (block 0 without leases: never changes)
-            self.leases.pick(cmd, words, self.views)
+            self.leases.pick(cmd, words)
 
     def post(self, cmd: P.Cmd, skip: Any = ()) -> None:
         """Posts ``cmd`` to every worker but those in ``skip`` (protocol steps 1-3); a STEP enters POSTED."""

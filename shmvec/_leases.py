@@ -43,8 +43,24 @@ of the next one, up to K (:data:`MAX_BLOCKS`, and :data:`MAX_BYTES` in all).  Pa
 when ``/dev/shm`` has no room for another block (ENOSPC from the reservation: no SIGBUS later),
 the step goes to block 0 and the caller gets a copy, as without ``zero_copy``.
 
-A partial reset (Gymnasium's ``reset_mask``) writes only the envs it resets; the others must show
-their last observation: the parent copies the block holding it into block 0 and posts block 0.
+A partial reset (Gymnasium's ``reset_mask``) goes to a free block as any RESET does, and the envs
+it does not reset must show their last observation there: each worker keeps, for each of its
+envs, the object the env last returned (a reference, no copy: :func:`shmvec._layout.keeping`
+wraps the worker's writers, only with lease blocks) and writes it again.  Nothing is copied from the
+block the caller holds: the caller may have written into it in place (``obs *= 0.5``).
+
+Forks.  A child of ``os.fork()`` (or of a ``fork`` multiprocessing process) inherits the mapping,
+shared: a block it holds would change under it when the parent's next steps reuse the block (the
+parent's reference counts do not see the child's handles), and what either process writes into a
+block they both hold would show in the other.  So at every fork, the pages of each block the
+caller holds (or, after ``close()``, that any array still views) are copied in the parent just
+before it (:func:`_snapshot_before_fork`: the parent cannot step on before the fork returns, so
+the copy is what the caller held), and in the child :func:`_unshare_after_fork` replaces those
+pages with private memory holding that copy, at the same address (``mmap(MAP_FIXED | MAP_PRIVATE
+| MAP_ANONYMOUS)``): every view the child holds stays valid and becomes its own, as a copy would
+be.  (A copy taken in the child would race with the parent's next step.)  This costs a copy of
+the held blocks per fork, and nothing on the step.  A vec env's own ``fork`` workers are left out
+(:func:`starting_workers`): they map the block anew and never read the parent's mapping.
 
 Failures add nothing new: a step that fails leaves its block half written and the engine broken.
 ``close()`` drops the roots; blocks the caller still holds keep the mapping alive
@@ -62,9 +78,14 @@ without the copy").
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import mmap
 import os
 import sys
-from collections.abc import Callable
+import threading
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -135,9 +156,11 @@ class Leases:
         self.bound = len(self.spans)  # lowered when /dev/shm has no room for the next one
         self.block = 0  # where the last STEP or RESET wrote its observations
         self.previous = 0  # where the one before did
-        self.partial = False  # the next RESET writes only some envs (reset_mask)
+        # Each block's pages, [lo, hi) page-aligned (the fork hook makes them private in a child).
+        self.pages = [(0, 0)] + [_pages(arrays) for arrays in self.roots[1:]]
         # Each root's reference count when only the parent holds it, read as free() reads it.
         self.base = [[_refs(arrays[k]) for k in range(len(arrays))] for arrays in self.roots]
+        _LIVE.add(self)
 
     def free(self, b: int) -> bool:
         """Whether the caller holds nothing of lease block ``b``."""
@@ -147,17 +170,11 @@ class Leases:
                 return False
         return True
 
-    def pick(self, cmd: int, words: Any, views: Views) -> None:
+    def pick(self, cmd: int, words: Any) -> None:
         """Before a post: chooses the block ``cmd``'s observations go to and stores it into OBS_BLOCK."""
         b = 0
-        if cmd == P.Cmd.STEP or (cmd == P.Cmd.RESET and not self.partial):
+        if cmd == P.Cmd.STEP or cmd == P.Cmd.RESET:  # (a partial reset too: its workers write every env)
             b = self._lowest_free()
-        elif cmd == P.Cmd.RESET:  # a partial reset: the envs it does not reset keep their last observation
-            if self.block:
-                for path, arr in views.obs_blocks[self.block].items():
-                    np.copyto(views.obs[path], arr)
-            self.partial = False
-        if cmd == P.Cmd.STEP or cmd == P.Cmd.RESET:
             self.previous, self.block = self.block, b  # (previous: the post may fail before any worker has it)
         words.store(P.OBS_BLOCK, b)
 
@@ -185,8 +202,102 @@ class Leases:
         return self.values[self.block]()
 
     def release(self) -> None:
-        """Drops the roots (before the mapping is closed)."""
+        """Drops the roots (before the mapping is closed); a block an array still views after that
+        is the caller's, and the fork hook keeps watching it (by a weak reference)."""
+        _LIVE.discard(self)
+        _RELEASED[:] = [(pages, refs) for pages, refs in _RELEASED if any(r() is not None for r in refs)]
+        _RELEASED.extend((self.pages[b], [weakref.ref(root) for root in self.roots[b]])
+                         for b in range(1, self.grown + 1))
         self.roots, self.values, self.block = [], [], 0
+
+    def held_pages(self) -> list[tuple[int, int]]:
+        """The pages of the blocks the caller holds now."""
+        return [self.pages[b] for b in range(1, self.grown + 1) if not self.free(b)]
+
+
+# ---- forks (module docstring, "Forks") ----------------------------------------------------------------
+_LIVE: "weakref.WeakSet[Leases]" = weakref.WeakSet()  # the lease blocks of every open engine
+# The pages of the blocks of closed engines, with a weak reference to each root: alive, an array of
+# the caller's still views the block (and holds the mapping open).
+_RELEASED: list[tuple[tuple[int, int], list[weakref.ref]]] = []
+_STARTING: set[int] = set()  # the threads starting a vec env's own workers now
+_SNAPSHOTS: dict[int, list[tuple[int, bytes]]] = {}  # forking thread -> (address, bytes) of the held pages
+_PAGE = mmap.PAGESIZE
+_MAP_FIXED = getattr(mmap, "MAP_FIXED", 0x10)  # (Linux, macOS)
+
+
+def _pages(roots: list[np.ndarray]) -> tuple[int, int]:
+    """The pages [lo, hi) of one lease block (its roots' memory, rounded out to whole pages)."""
+    lo = min(root.__array_interface__["data"][0] for root in roots)
+    hi = max(root.__array_interface__["data"][0] + root.nbytes for root in roots)
+    return lo // _PAGE * _PAGE, -(-hi // _PAGE) * _PAGE
+
+
+@contextlib.contextmanager
+def starting_workers() -> Iterator[None]:
+    """Around the start of a vec env's own workers: a worker forked there holds no observation,
+    and the fork hook leaves its copy of the parent's mapping as it is (no copy of held blocks)."""
+    me = threading.get_ident()
+    _STARTING.add(me)
+    try:
+        yield
+    finally:
+        _STARTING.discard(me)
+
+
+def _held_pages() -> list[tuple[int, int]]:
+    """The pages [lo, hi) of every block the caller holds, overlaps merged."""
+    pages = [p for leases in list(_LIVE) for p in leases.held_pages()]
+    pages += [p for p, refs in _RELEASED if any(r() is not None for r in refs)]
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(pages):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _snapshot_before_fork() -> None:
+    """In the parent, just before a fork: copies the held blocks' pages for the child."""
+    me = threading.get_ident()
+    if me not in _STARTING:  # (a vec env's own worker: it holds nothing)
+        _SNAPSHOTS[me] = [(lo, ctypes.string_at(lo, hi - lo)) for lo, hi in _held_pages()]
+
+
+def _drop_snapshot() -> None:
+    _SNAPSHOTS.pop(threading.get_ident(), None)
+
+
+def _unshare_after_fork() -> None:
+    """In the child: the pages of every block held at the fork become its own, holding what they
+    held then, at the same address (module docstring, "Forks")."""
+    taken = _SNAPSHOTS.pop(threading.get_ident(), [])  # (the forking thread: the same ident in the child)
+    _SNAPSHOTS.clear()
+    _LIVE.clear()  # the child's copies: no engine of the parent hands out a block here
+    _RELEASED.clear()
+    for lo, data in taken:
+        _unshare(lo, data)
+
+
+def _unshare(address: int, data: bytes) -> None:
+    """Replaces the mapped pages at ``address`` (page-aligned) with private memory holding ``data``."""
+    nbytes = len(data)
+    got = _mmap(address, nbytes, mmap.PROT_READ | mmap.PROT_WRITE,
+                mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED, -1, 0)
+    if got != address:
+        err = ctypes.get_errno()
+        raise OSError(err, f"shmvec: could not make a held observation block private in a forked child "
+                           f"({os.strerror(err)}): the parent's next steps may change it")
+    ctypes.memmove(address, data, nbytes)
+
+
+_mmap = ctypes.CDLL(None, use_errno=True).mmap
+_mmap.restype = ctypes.c_void_p
+_mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_snapshot_before_fork, after_in_parent=_drop_snapshot,
+                        after_in_child=_unshare_after_fork)
 
 
 def _value_of(space: spaces.Space, block: dict, top_dict: type) -> Callable[[], Any]:

@@ -13,7 +13,12 @@ absent with ``on_failure="raise"``):
    the same seeds and options, ``reset_args``);
 3. the step's items for those envs are written as truncated episodes (reward 0, ``truncated``,
    the last observation the caller received as ``terminal_observation``), in the same item format
-   the workers use, so the front-end builds its return without knowing;
+   the workers use, so the front-end builds its return without knowing.  That observation is
+   :attr:`Restarts.kept`: at the end of every STEP and RESET the engine's wait copies block 0
+   (every observation leaf, the multi-agent stacks' flags too) into buffers of its own, before
+   any front-end hands it out.  Neither what the caller does to the arrays it got (written in
+   place, or ``copy=False`` views of block 0) nor the restarted worker's partial writes into
+   block 0 reach it, and every front-end (SB3, multi-agent) reads the same copy;
 4. before a rare command, :meth:`recover_dead` restarts workers found dead, and ``fresh`` keeps
    their envs out of the next STEP, whose items then report them.
 
@@ -29,6 +34,8 @@ import warnings
 from multiprocessing import reduction
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from shmvec import _protocol as P
 from shmvec._errors import (
     SpaceError,
@@ -41,7 +48,6 @@ from shmvec._errors import (
     unpack_exception,
     user_stacklevel,
 )
-from shmvec._layout import make_scatter
 from shmvec._protocol import RESTART_INFO_KEY
 from shmvec._state import record
 from shmvec._workers import BROKEN_HINT, DIED_JOIN_S
@@ -57,15 +63,6 @@ SETTLE_S = 1.0
 RESTART_TIMEOUT_FLOOR_S = 60.0
 
 
-def env_obs(batch: Any, i: int) -> Any:
-    """Env i's observation in a batch (Dict and Tuple spaces nest)."""
-    if isinstance(batch, dict):
-        return {key: env_obs(value, i) for key, value in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(env_obs(value, i) for value in batch)
-    return batch[i]
-
-
 class Restarts:
     """``on_failure="restart"`` for one engine (see the module docstring)."""
 
@@ -76,15 +73,19 @@ class Restarts:
         # worker -> (reason, reset infos): restarted outside a step, truncation not yet reported
         self.fresh: dict[int, tuple[str, dict[int, dict]]] = {}
         self.reset_args: dict[int, bytes | None] = {}
-        self.last_obs: Any = None
+        # Block 0's observation leaves as the last STEP or RESET left them (module docstring, 3);
+        # buffers of our own, never a view of the block (close() unmaps it).
+        self.kept: dict[Any, np.ndarray] = {path: np.empty_like(arr) for path, arr in engine.views.obs.items()}
+        self.has_kept = False  # nothing kept before the first command: the restarted env's block 0 row then
         self.unwarned: list = []  # (first restart's number, {worker: reason}, command): not yet warned
         self.failure_stacks: dict[int, str] = {}  # worker -> its Python stack when it failed, until warned
 
-    def remember(self, obs: Any) -> Any:
-        """Keeps what ``step_wait``/``reset`` return: the terminal observation of a restarted env."""
-        e = self.engine
-        self.last_obs = obs if e.options.copy else e.obs_copy(slice(None))
-        return obs
+    def keep(self) -> None:
+        """Copies block 0's observations, as the command that just ended left them, into :attr:`kept`."""
+        kept = self.kept
+        for path, arr in self.engine.views.obs.items():
+            np.copyto(kept[path], arr)
+        self.has_kept = True
 
     # ---- synchronous commands ------------------------------------------------------------------
     def complete(self, command: str) -> list[list]:
@@ -171,6 +172,7 @@ class Restarts:
                 results[w] = [(i, dict(reset_infos.get(i, {}), **{RESTART_INFO_KEY: reason}))
                               for i in e.slices[w]]
         self.fresh = {}
+        self.keep()  # what the caller gets from this command, before it can change it
         self.warn()
         return results
 
@@ -181,13 +183,10 @@ class Restarts:
         e.views.rew[sl.start:sl.stop] = 0.0  # no local view of the block (see reset_restarted)
         e.views.terminated[sl.start:sl.stop] = False
         e.views.truncated[sl.start:sl.stop] = True
-        write_term = make_scatter(e.observation_space, e.views.term_obs, "terminal observation")
-        items = []
-        for i in sl:
-            last = e.obs_copy(i) if self.last_obs is None else env_obs(self.last_obs, i)
-            write_term(i, last)
-            items.append((i, {RESTART_INFO_KEY: reason}, reset_infos.get(i, {})))
-        return items
+        last = self.kept if self.has_kept else e.views.obs
+        for path, term in e.views.term_obs.items():
+            term[sl.start:sl.stop] = last[path][sl.start:sl.stop]
+        return [(i, {RESTART_INFO_KEY: reason}, reset_infos.get(i, {})) for i in sl]
 
     # ---- rare commands ---------------------------------------------------------------------------
     def recover_dead(self, command: str) -> None:

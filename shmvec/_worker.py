@@ -21,11 +21,11 @@ from typing import Any
 import cloudpickle
 import gymnasium as gym
 
-from shmvec import _crash
+from shmvec import _crash, _lifeline
 from shmvec import _protocol as P
 from shmvec._codec import encode_infos
 from shmvec._errors import ShmVecEnvError, pack_exception
-from shmvec._layout import Layout, check_same_spaces, close_mapping, make_gather, make_scatter
+from shmvec._layout import Layout, check_same_spaces, close_mapping, keeping, make_gather, make_scatter
 from shmvec._masks import has_action_masks, write_mask
 from shmvec._pickled_leaves import WorkerLeaves
 from shmvec._pickling import dumps
@@ -131,6 +131,7 @@ def _build_envs(env_fns_bytes: bytes, env_range: range, envs: list[gym.Env], at:
 
 class _Worker:
     leaves: WorkerLeaves | None = None  # values of the leaves without a fixed size (shmvec._pickled_leaves)
+    last_obs: list | None = None  # zero_copy: each env's last observation as the env returned it
 
     def __init__(self, index: int, env_range: range, envs: list[gym.Env], conn: Connection,
                  parent: _ParentWatch, spin: float, autoreset: str = P.AUTORESET_SAME_STEP) -> None:
@@ -204,6 +205,9 @@ class _Worker:
         # writer per observation block; each command's OBS_BLOCK word picks one (shmvec._leases).
         self.obs_writers = [make_scatter(env.observation_space, block, "observation", (self.words, self._env_at))
                             for block in views.obs_blocks]
+        if obs_blocks:  # zero_copy: each env's last observation is kept, for a partial reset (shmvec._leases)
+            self.last_obs = [None] * (self.stop - self.start)
+            self.obs_writers = [keeping(write, self.last_obs, self.start) for write in self.obs_writers]
         self.write_obs = self.obs_writers[0]
         self.write_term = make_scatter(env.observation_space, views.term_obs, "observation")
         if layout.act_pickled:  # the step's pickled actions come first (shmvec._pickled_leaves)
@@ -454,8 +458,11 @@ class _Worker:
         seeds, options = args[0], args[1]
         mask = args[2] if len(args) > 2 else None  # reset only these envs (Gymnasium's reset_mask)
         items = []
+        last_obs = self.last_obs
         for j, env in enumerate(self.envs):
             if mask is not None and not mask[j]:
+                if last_obs is not None and last_obs[j] is not None:  # zero_copy: a new block gets every env
+                    self.write_obs(self.start + j, last_obs[j])
                 continue
             self.finished[j] = False
             i = self.current = self.start + j
@@ -630,6 +637,7 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
     the write end of its crash pipe (shmvec._crash); ``registrations``: the parent's env
     registrations this process may lack (shmvec._registrations), registered before any factory
     is unpickled; ``public_name``: the class the user called, named in errors."""
+    _lifeline.arm(parent_pid)  # (under spawn and forkserver, armed already as the process started)
     _crash.install(crash)  # first: a factory's native crash is reported too
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
     try:  # a process group of its own: the parent ends the env's own children with the worker
@@ -689,6 +697,7 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
         except Exception as exc:  # answered as such, never taken for "ready"
             conn.send((P.Pipe.ERROR, pack_exception(exc, env_index=None, worker=index, command="attach")))
             return
+        _lifeline.disarm()  # serve()'s waits check the parent from now on
         conn.send((P.Pipe.READY, None))
         worker.serve()
     except (EOFError, BrokenPipeError, ConnectionResetError):

@@ -34,7 +34,7 @@ from shmvec import _crash
 from shmvec import _protocol as P
 from shmvec._errors import ShmVecEnvError, SpaceError, WorkerDiedError, WorkerStacks, describe_exitcode, envs_named
 from shmvec._layout import Layout, check_same_spaces, close_mapping, same_shapes
-from shmvec._leases import lease_count
+from shmvec._leases import lease_count, starting_workers
 from shmvec._machine import note_workers
 from shmvec._masks import resolve as resolve_masks
 from shmvec._options import Options
@@ -140,7 +140,8 @@ class WorkerSet:
         else:
             self.conns[w], self.crash_conns[w], self.processes[w] = parent_conn, crash_reader, proc
         try:
-            proc.start()
+            with starting_workers():  # (fork: the child maps the block anew, it holds no observation)
+                proc.start()
             note_workers([proc.pid])
         except AssertionError as exc:
             if "daemonic" not in str(exc):

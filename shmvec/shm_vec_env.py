@@ -253,8 +253,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
                 self.reset_infos[i] = info
         self._reset_seeds()
         self._reset_options()
-        obs = engine.obs_out(engine.options.copy)
-        return engine.restarts.remember(obs) if engine.restarts is not None else obs
+        return engine.obs_out(engine.options.copy)
 
     @serialized
     def step_async(self, actions: np.ndarray) -> None:
@@ -332,10 +331,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         term = engine.term_leaf
         for i in done_indices:
             infos[i]["terminal_observation"] = term[i].copy() if term is not None else engine.term_obs(i)
-        obs = engine.obs_out(engine.options.copy)
-        if engine.restarts is not None:
-            engine.restarts.remember(obs)
-        return obs, engine.views.rew.astype(np.float32), dones, infos
+        return engine.obs_out(engine.options.copy), engine.views.rew.astype(np.float32), dones, infos
 
     def close(self) -> None:
         """Stops the workers and frees the shared memory.  Idempotent, bounded in time.
