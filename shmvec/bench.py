@@ -585,12 +585,14 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 def _list(puffer_python: str | None) -> str:
     lines = ["backends:"]
+    name_w = max(len(b.name) for b in B.REGISTRY.values()) + 2
+    library_w = max(len(b.library) for b in B.REGISTRY.values()) + 2
     for b in B.REGISTRY.values():
         reason = check_puffer_python(puffer_python) if b.remote else b.missing()
         state = "available" if not reason else f"skipped: {reason}"
         if not b.by_default:
             state += " (runs when named in --backends" + (f"; measured against {b.versus})" if b.versus else ")")
-        lines.append(f"  {b.name:<16}{b.library:<11}{b.note}\n  {'':<27}{state}")
+        lines.append(f"  {b.name:<{name_w}}{b.library:<{library_w}}{b.note}\n  {'':<{name_w + library_w}}{state}")
     lines.append("envs: " + ", ".join(env_names()) + " (busy-<N>us and image-<H>x<W>x<C> take any size)")
     return "\n".join(lines)
 
