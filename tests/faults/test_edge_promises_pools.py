@@ -9,6 +9,11 @@ forked child that closes the pool, a nearly full /dev/shm (issue 36, items 7 to 
 - Every segment a pool creates has its pages reserved: a /dev/shm without room for them raises
   ShmVecEnvError at construction, never SIGBUS (tested in a small tmpfs mounted over /dev/shm in
   a mount namespace of its own, where the machine lets the test mount one).
+
+The fuzz at the end draws pools (envs, workers, batch size, start method), the env that hangs and
+when, the caller's pauses and a forked child that closes the pool on the way; more cases::
+
+    SHMVEC_POOL_EDGE_FUZZ_CONFIGS=40 python -m pytest tests/faults/test_edge_promises_pools.py -q -k fuzz
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import functools
 import gc
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -33,6 +39,8 @@ from shmvec import ShmEnvPool, ShmVecEnvError, WorkerTimeoutError
 from shmvec._errors import ForkedVecEnvError
 
 START_METHODS = ["fork", "forkserver", "spawn"]
+FUZZ_SEED = int(os.environ.get("SHMVEC_POOL_EDGE_FUZZ_SEED", "3600"))
+FUZZ_CASES = int(os.environ.get("SHMVEC_POOL_EDGE_FUZZ_CONFIGS", "4"))
 
 
 def _fns(n: int, hang: dict[int, int] | None = None, step_s: float = 0.0) -> list:
@@ -41,10 +49,12 @@ def _fns(n: int, hang: dict[int, int] | None = None, step_s: float = 0.0) -> lis
     return [functools.partial(edgeenvs_pools.make_hang_env, i, hang.get(i), 60.0, step_s) for i in range(n)]
 
 
-def _receive_all(pool: ShmEnvPool) -> None:
-    """After reset(): receives every env still waiting, so that all can be sent."""
-    while pool._in_flight.any():
+def _receive_all(pool: ShmEnvPool) -> np.ndarray:
+    """After reset(): receives the envs still waiting while a batch is there; returns those that
+    can be sent (all of them when ``batch_size`` divides ``num_envs``)."""
+    while pool._in_flight.sum() >= pool.batch_size:
         pool.recv()
+    return np.flatnonzero(~pool._in_flight)
 
 
 def _keep_fed(pool: ShmEnvPool, seconds: float) -> None:
@@ -356,3 +366,71 @@ def test_a_pool_in_a_nearly_full_dev_shm_raises_instead_of_sigbus(tmp_path, face
     assert "/dev/shm has no room for" in out["short"] and "the pool's queues" in out["short"], out["short"]
     assert "--shm-size" in out["short"]
     assert out["exact"] is None, out["exact"]
+
+
+# ---- fuzz: a hung env in a fed pool, a slow caller, a forked child's close() ------------------------------
+def _draw(seed: int) -> dict:
+    rng = random.Random(seed)
+    n_workers = rng.choice([2, 3])
+    per_worker = rng.choice([1, 2, 3])
+    n = n_workers * per_worker
+    return {
+        "n": n, "n_workers": n_workers, "per_worker": per_worker,
+        "batch_size": rng.randint(1, n - per_worker),  # the other workers can fill every batch
+        "method": START_METHODS[seed % 3],
+        "hung": rng.randrange(n), "hang_at": rng.randint(1, 4),
+        "pause_s": rng.choice([0.0, 0.05, 0.3]),  # the caller's time between recv() and send()
+        "fork_at": rng.choice([None, 1, 3]),  # the recv() after which a forked child closes the pool
+        "fork_how": rng.choice(["close", "del"]),
+    }
+
+
+@pytest.mark.parametrize("seed", range(FUZZ_SEED, FUZZ_SEED + FUZZ_CASES))
+def test_fuzz_a_hung_env_in_a_fed_pool(seed):
+    """Whatever the pool and wherever the hang, recv() raises WorkerTimeoutError within about
+    ``timeout`` of the hung step's send, naming the env and its worker; nothing is late before."""
+    case = _draw(seed)
+    timeout = 2.0
+    fns = [functools.partial(edgeenvs_pools.make_hang_env, i, case["hang_at"] if i == case["hung"] else None)
+           for i in range(case["n"])]
+    pool = ShmEnvPool(fns, batch_size=case["batch_size"], n_workers=case["n_workers"],
+                      start_method=case["method"], timeout=timeout)
+    replay = f"case {case} (seed {seed})"
+    try:
+        pool.reset()
+        ids = _receive_all(pool)
+        sends = 0  # of the hung env
+        hang_sent: float | None = None
+        with pytest.raises(WorkerTimeoutError) as info:
+            for k in range(100_000):
+                if case["hung"] in ids.tolist():
+                    sends += 1
+                    if sends == case["hang_at"]:
+                        hang_sent = time.monotonic()
+                pool.send(np.zeros(len(ids), dtype=np.int64), ids)
+                if hang_sent is not None and time.monotonic() - hang_sent > timeout + 8.0:
+                    pytest.fail(f"no WorkerTimeoutError {timeout + 8.0:g} s after the hung step's send: {replay}")
+                ids = pool.recv()[4]["env_id"]
+                if k + 1 == case["fork_at"]:
+                    alive = weakref.ref(pool)
+
+                    def child() -> bool:
+                        nonlocal pool
+                        if case["fork_how"] == "close":
+                            pool.close()
+                            return True
+                        pool = None
+                        gc.collect()
+                        return alive() is None
+
+                    _in_child(child)
+                time.sleep(case["pause_s"])
+        elapsed = time.monotonic() - hang_sent if hang_sent is not None else None
+        assert elapsed is not None, f"a WorkerTimeoutError before any step hung: {info.value} ({replay})"
+        assert timeout - 0.1 < elapsed < timeout + 4.0, f"{elapsed:.2f} s: {replay}"
+        worker = case["hung"] // case["per_worker"]
+        message = str(info.value)
+        assert f"worker {worker}, in env {case['hung']}" in message, f"{message} ({replay})"
+        assert "did not finish within 2 s of" in message, f"{message} ({replay})"
+    finally:
+        pool.close()
