@@ -57,7 +57,7 @@ from shmvec._errors import (
 from shmvec._describe import describe_env_fns
 from shmvec._layout import make_gather, scalar_float_box
 from shmvec._leases import Leases
-from shmvec._machine import set_forkserver_preload
+from shmvec._machine import start_forkserver
 from shmvec._options import Options
 from shmvec._pickled_leaves import pickled_leaves
 from shmvec._pickling import pickle_factories
@@ -100,8 +100,8 @@ class Engine:
         self.observation_mode = observation_mode  # None (SB3's faces), "same", "different" or a space
         opts, env_fns = Options.build(env_fns, **options)
         self.options = opts
-        if opts.preload:
-            set_forkserver_preload(opts.preload)
+        if opts.start_method == "forkserver":  # the main module and our worker modules imported there once
+            start_forkserver(opts.preload)
         # Plain-data descriptions of the factories (or why there is none); the factories are not kept.
         self.descriptions = describe_env_fns(env_fns)
         self.slices = opts.slices

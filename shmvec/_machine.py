@@ -8,7 +8,9 @@
 - :func:`default_start_method`: the default of ``start_method``;
 - :func:`cpu_sets`: the cores each worker is pinned to (the ``cpu_affinity`` option);
 - :func:`set_forkserver_preload`: modules multiprocessing's forkserver imports once (the
-  ``preload`` option).
+  ``preload`` option); :func:`start_forkserver`: the forkserver started with the program's main
+  module, shmvec's worker modules and those modules imported once, in the server
+  (:mod:`shmvec._mainload`).
 
 The CPU budget
 --------------
@@ -42,6 +44,7 @@ import multiprocessing.forkserver
 import numbers
 import os
 import re
+import threading
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -49,10 +52,11 @@ from typing import Any
 
 import numpy as np
 
+from shmvec import _mainload
 from shmvec._errors import user_stacklevel
 
 __all__ = ["CpuBudget", "cpu_budget", "usable_cores", "cores_taken", "note_workers", "default_start_method",
-           "cpu_sets", "set_forkserver_preload"]
+           "cpu_sets", "set_forkserver_preload", "start_forkserver"]
 
 _CPU_DIR = "sys/devices/system/cpu"
 
@@ -470,3 +474,36 @@ def set_forkserver_preload(modules: Iterable[str]) -> bool:
         return True
     mp.get_context("forkserver").set_forkserver_preload(wanted)
     return True
+
+
+# What every forkserver worker imports: imported once in the server, they cost a worker nothing.
+_SERVER_PRELOAD = ("shmvec._mainload", "shmvec._worker")
+_START_LOCK = threading.Lock()
+
+
+def start_forkserver(modules: Iterable[str] = ()) -> None:
+    """Starts multiprocessing's forkserver, unless it runs already, so that it imports once the
+    program's main module (as each worker would, ``__mp_main__``: :mod:`shmvec._mainload`),
+    shmvec's worker modules and ``modules`` (the ``preload`` option), and its workers fork with
+    them imported.  A server running already (started by anything else) is left as it is; for
+    ``modules`` it missed, :func:`set_forkserver_preload` warns.
+
+    :raises RuntimeError: called while this process imports its main module as a worker or a
+        server does (a script without ``if __name__ == "__main__":``), as multiprocessing raises.
+    """
+    modules = list(modules)
+    with _START_LOCK:
+        if _forkserver_running():
+            if modules:
+                set_forkserver_preload(modules)
+            return
+        value = _mainload.environment(os.getpid())
+        set_forkserver_preload([_SERVER_PRELOAD[0], *modules, *_SERVER_PRELOAD[1:]])
+        if value is None or len(value) > 100_000:  # nothing to import, or more than an environment holds
+            multiprocessing.forkserver.ensure_running()
+            return
+        os.environ[_mainload.ENV] = value  # read (and removed) by the server alone, as it starts
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            os.environ.pop(_mainload.ENV, None)

@@ -35,6 +35,7 @@ from shmvec import _protocol as P
 from shmvec._errors import ShmVecEnvError, SpaceError, WorkerDiedError, WorkerStacks, describe_exitcode, envs_named
 from shmvec._layout import Layout, check_same_spaces, close_mapping, same_shapes
 from shmvec._leases import lease_count, starting_workers
+from shmvec._lifeline import WorkerName
 from shmvec._machine import note_workers
 from shmvec._masks import resolve as resolve_masks
 from shmvec._options import Options
@@ -131,7 +132,7 @@ class WorkerSet:
             kwargs={"affinity": opts.cpu_sets[w], "autoreset": opts.autoreset, "registrations": self.registrations,
                     "public_name": opts.public_name},
             daemon=True,
-            name=f"shmvec-worker-{w}",
+            name=WorkerName(f"shmvec-worker-{w}", os.getpid()),  # arms its lifeline before it imports anything
         )
         if w == len(self.processes):
             self.conns.append(parent_conn)

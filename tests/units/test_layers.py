@@ -23,9 +23,9 @@ PACKAGE_DIR = Path(shmvec.__file__).parent
 LAYERS: list[tuple[str, list[str]]] = [
     ("native", ["shmvec._sync", "shmvec._queue", "shmvec._rows", "shmvec._codec"]),
     ("protocol", ["shmvec._protocol", "shmvec._errors", "shmvec._copyguard", "shmvec._crash", "shmvec._segment",
-                  "shmvec._optional"]),
+                  "shmvec._optional", "shmvec._lifeline"]),
     ("values", ["shmvec._actions", "shmvec._layout", "shmvec._masks", "shmvec._pickled_leaves"]),
-    ("factories", ["shmvec._pickling", "shmvec._seeds", "shmvec._machine", "shmvec._describe", "shmvec.factories",
+    ("factories", ["shmvec._pickling", "shmvec._seeds", "shmvec._mainload", "shmvec._machine", "shmvec._describe", "shmvec.factories",
                    "shmvec._registrations", "shmvec._options", "shmvec._agents", "shmvec._threads"]),
     ("worker", ["shmvec._worker", "shmvec._pool"]),
     ("engine parts", ["shmvec._state", "shmvec._leases", "shmvec._workers", "shmvec._channel", "shmvec._restarts", "shmvec._engine"]),
