@@ -5,7 +5,8 @@ added without being run. By the block's language:
 
 - ``python``: a complete program. It is written to ``example.py`` in a fresh temporary directory
   and run there in its own interpreter (``PYTHONPATH``: the shmvec these tests import), under a
-  timeout; it must exit with status 0.
+  timeout; it must exit with status 0. One that imports a library not installed here (an optional
+  one: SB3, Tianshou, ...) is skipped, naming it.
 - ``bash``, ``sh``, ``shell``: every line is a command (``#`` comments and ``\\`` continuations as
   in bash), run by ``bash -e`` in a fresh temporary directory with this interpreter's ``python``
   and shmvec's console scripts first on ``PATH``; it must exit with status 0.
@@ -32,7 +33,9 @@ it is reported as skipped with that reason (``pytest -ra`` lists them), and
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib.util
 import os
 import re
 import subprocess
@@ -166,6 +169,17 @@ def run(argv: list[str], cwd: Path, where: str) -> subprocess.CompletedProcess[s
     return proc
 
 
+def missing_modules(code: str) -> list[str]:
+    """The top-level modules a program imports that are not installed here."""
+    names = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return sorted(name for name in names if importlib.util.find_spec(name) is None)
+
+
 def console_commands(code: str) -> list[tuple[str, str]]:
     """A console block's (command, output) pairs."""
     pairs: list[tuple[str, list[str]]] = []
@@ -203,6 +217,9 @@ def test_block(block: Block, tmp_path: Path):
     if block.skip:
         pytest.skip(f"{block.where}: {block.skip}")
     if block.lang in PYTHON:
+        missing = missing_modules(block.code)
+        if missing:  # an optional library (the suite's full run installs them all)
+            pytest.skip(f"{block.where}: needs {', '.join(missing)}, which is not installed here")
         (tmp_path / "example.py").write_text(block.code + "\n", encoding="utf-8")
         proc = run([sys.executable, "example.py"], tmp_path, block.where)
         if block.output is not None:
@@ -232,3 +249,22 @@ def test_block(block: Block, tmp_path: Path):
 def test_output_matching(expected, actual, ok):
     """The allowances of the module docstring, and no more."""
     assert bool(output_pattern(expected).fullmatch(actual)) is ok
+
+
+def test_find_blocks_reads_marks_and_outputs(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("\n".join([
+        "<!-- docs-test: skip (needs a cluster) -->", "```python", "import ray", "```", "",
+        "```python", "print(1)", "```", "", "```text", "1", "```",
+        "Prose.", "```text", "an illustration", "```",
+        "```", "no language", "```",
+        "<!-- docs-test: skip (nothing follows) -->", "",
+        "Prose.", "<!-- docs-test: run -->", "```console", "$ echo hi", "hi", "```",
+    ]))
+    blocks, problems = find_blocks(page)
+    assert [(b.lang, b.skip, b.is_output) for b in blocks] == [
+        ("python", "needs a cluster", False), ("python", None, False), ("text", None, True),
+        ("text", None, False), ("", None, False), ("console", None, False)]
+    assert blocks[1].output is blocks[2] and blocks[3].output is None
+    assert len(problems) == 2 and "unknown docs-test mark 'run'" in problems[0] and "not on the line before" in problems[1]
+    assert console_commands(blocks[5].code) == [("echo hi", "hi")]
