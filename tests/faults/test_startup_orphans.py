@@ -111,3 +111,30 @@ def test_no_worker_outlives_a_parent_killed_during_start_up(tmp_path, start_meth
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
+def test_workers_outlive_the_thread_that_started_them(start_method):
+    """The parent-death signal follows the thread that started a worker: it is cleared once the
+    worker is READY, so a vec env built in a thread that has ended keeps its workers."""
+    import threading
+
+    import numpy as np
+
+    import startupenvs
+    from shmvec import ShmVecEnv
+
+    built = []
+    thread = threading.Thread(target=lambda: built.append(
+        ShmVecEnv([startupenvs.cartpole] * 2, n_workers=2, start_method=start_method)))
+    thread.start()
+    thread.join()
+    env = built[0]
+    try:
+        time.sleep(0.5)  # a worker killed when the thread ended would be dead by now
+        env.reset()
+        for _ in range(5):
+            env.step(np.zeros(2, dtype=np.int64))
+        assert all(p.is_alive() for p in env._engine.workers.processes)
+    finally:
+        env.close()
