@@ -492,6 +492,8 @@ def start_forkserver(modules: Iterable[str] = ()) -> None:
         server does (a script without ``if __name__ == "__main__":``), as multiprocessing raises.
     """
     modules = list(modules)
+    if mp.current_process().daemon:  # it may start no process: starting the workers raises, and says why
+        return
     with _START_LOCK:
         if _forkserver_running():
             if modules:
