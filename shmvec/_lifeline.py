@@ -53,7 +53,15 @@ _thread: threading.Thread | None = None
 
 
 def _die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
+    """SIGKILL to this process, and to its process group when it leads one (a worker does: what
+    its envs started so far goes with it)."""
+    pid = os.getpid()
+    try:
+        if os.getpgid(0) == pid:
+            os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    os.kill(pid, signal.SIGKILL)
 
 
 def _set_pdeathsig(sig: int) -> bool:
