@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import signal
 
@@ -113,11 +114,12 @@ def _step(env) -> None:
     env.step(np.zeros(env.num_envs, dtype=np.int64))
 
 
-def _child_checks(obs, want, go: int, how: str) -> None:
-    """In the forked child: waits for the parent's word, then exits 0 if ``obs`` still equals ``want``."""
+def _child_checks(obs, want, go: tuple[int, int], how: str) -> None:
+    """In the forked child: waits for the parent's word (or its end), then exits 0 if ``obs`` still equals ``want``."""
     ok = False
     try:
-        os.read(go, 1)
+        os.close(go[1])  # (else a parent that fails before its word would leave the child waiting)
+        os.read(go[0], 1)
         ok = bool(np.array_equal(obs, want))
     finally:
         if how == "os.fork":
@@ -165,7 +167,7 @@ def test_what_a_forked_child_holds_never_changes_when_the_parent_steps_on(face, 
     try:
         obs = _first_obs(env)
         want = obs.copy()
-        child = _fork(_child_checks, (obs, want, go_r), how)
+        child = _fork(_child_checks, (obs, want, (go_r, go_w)), how)
         del obs
         for _ in range(4):
             _step(env)
@@ -216,7 +218,7 @@ def _kill_worker_of(env, i: int) -> None:
     engine = env._engine
     proc = engine.workers.processes[engine.owner[i]]
     os.kill(proc.pid, signal.SIGKILL)
-    proc.join(10)
+    mp.connection.wait([proc.sentinel], 10)  # (not join(): a forkserver's sentinel would be read empty)
 
 
 @pytest.mark.parametrize("method, how, obs_kind", [
@@ -259,6 +261,9 @@ def test_a_restarted_env_reports_what_it_returned_not_the_callers_writes(method,
 
 # ---- 4. multi-agent restarts report the last observation the caller received ------------------------------
 
+SEED = 0  # every agent of env 0 and env 1 lives 10 steps or more: no env ends on its own in these tests
+
+
 def _agents_fns(how: str, tmp_path) -> list:
     if how == "raise":
         return [functools.partial(agentenvs.Faulty, 99, "raise"), functools.partial(agentenvs.Faulty, 3, "raise")]
@@ -271,6 +276,7 @@ def _agents_fns(how: str, tmp_path) -> list:
 def test_multi_agent_vec_env_restart_reports_the_last_observation(how, scribble, tmp_path):
     venv = ShmMultiAgentVecEnv(_agents_fns(how, tmp_path), n_workers=2, start_method="fork", on_failure="restart")
     try:
+        venv.seed(SEED)
         venv.reset()
         for _ in range(2):
             obs = venv.step(np.ones(venv.num_envs, dtype=np.int64))[0]
@@ -285,7 +291,7 @@ def test_multi_agent_vec_env_restart_reports_the_last_observation(how, scribble,
         else:
             with pytest.warns(WorkerRestartWarning):
                 _, _, dones, infos = venv.step(np.ones(venv.num_envs, dtype=np.int64))
-        assert dones.tolist() == [False, False, True, True]
+        assert dones[2:].all()  # (env 0's agents live a random number of steps: it may end too)
         for row in (2, 3):
             assert "shmvec_restarted" in infos[row]
             assert_same(infos[row]["terminal_observation"], want[row], f"row {row}'s terminal observation")
@@ -297,7 +303,7 @@ def test_multi_agent_vec_env_restart_reports_the_last_observation(how, scribble,
 def test_parallel_env_restart_reports_the_last_observation_as_final_obs(how, tmp_path):
     env = ShmParallelEnv(_agents_fns(how, tmp_path), n_workers=2, start_method="fork", on_failure="restart")
     try:
-        env.reset()
+        env.reset(seed=SEED)
         acts = {a: np.ones(2, dtype=np.int64) for a in env.agents}
         for _ in range(2):
             obs = env.step(acts)[0]
@@ -312,8 +318,171 @@ def test_parallel_env_restart_reports_the_last_observation_as_final_obs(how, tmp
             with pytest.warns(WorkerRestartWarning):
                 _, _, _, truncations, infos = env.step(acts)
         for agent in env.agents:
-            assert truncations[agent].tolist() == [False, True]
-            assert infos[agent]["_final_obs"].tolist() == [False, True]
+            assert truncations[agent][1] and infos[agent]["_final_obs"][1]  # (env 0 may end too: random lives)
             assert_same(infos[agent]["final_obs"][1], want[agent][1], f"{agent}'s final_obs")
+    finally:
+        close_all(env)
+
+
+# ---- the fault fuzz's events for observations --------------------------------------------------------
+# Longer runs: SHMVEC_OBS_FUZZ_CONFIGS=100 (and SHMVEC_FAULT_FUZZ_SEED).
+FUZZ_FIRST_SEED = int(os.environ.get("SHMVEC_FAULT_FUZZ_SEED", "100"))
+FUZZ_CASES = int(os.environ.get("SHMVEC_OBS_FUZZ_CONFIGS", "6"))
+
+
+def _same(a, b) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(_leaves(a), _leaves(b), strict=True))
+
+
+def _draw_events(seed: int) -> dict:
+    """A random face, spaces, envs, workers, start method and run of events; at least one fork
+    whose observation the parent then lets go and steps past."""
+    rng = np.random.default_rng(seed)
+    face = str(rng.choice(["sb3", "gymnasium"]))
+    events = [str(e) for e in rng.choice(["step", "write", "fork", "mask" if face == "gymnasium" else "step"], 10)]
+    events.insert(int(rng.integers(0, 6)), "fork")
+    return {"face": face, "obs_kind": str(rng.choice(["image", "dict", "tuple"])),
+            "n_envs": int(rng.integers(2, 5)), "n_workers": int(rng.integers(1, 3)),
+            "method": str(rng.choice(["fork", "fork", "forkserver"])),
+            "autoreset": [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED][rng.integers(3)],
+            "events": events + ["step", "step"], "rng": rng}
+
+
+def _child_waits_and_compares(obs, want, go: tuple[int, int]) -> None:
+    ok = False
+    try:
+        os.close(go[1])
+        os.read(go[0], 1)
+        ok = _same(obs, want)
+    finally:
+        os._exit(0 if ok else 1)
+
+
+@pytest.mark.parametrize("seed", range(FUZZ_FIRST_SEED, FUZZ_FIRST_SEED + FUZZ_CASES))
+def test_fuzzed_in_place_writes_masked_resets_and_forks_change_nothing_held(seed):
+    """Random runs of steps, in-place writes into the observation just returned, masked resets
+    (Gymnasium) and forks whose child holds that observation, the parent holding only its last
+    one (as SB3 does): every observation equals the reference's (DummyVecEnv, SyncVectorEnv), and
+    every child's is at the end what it was at its fork."""
+    case = _draw_events(seed)
+    rng, n = case["rng"], case["n_envs"]
+    fns = testenvs.spaces_env_fns(case["obs_kind"], "discrete", n)
+    if case["face"] == "gymnasium":
+        ref = SyncVectorEnv(fns, autoreset_mode=case["autoreset"])
+        env = ShmVectorEnv(fns, autoreset_mode=case["autoreset"], n_workers=case["n_workers"],
+                           start_method=case["method"], zero_copy=True)
+        obs, want = env.reset(seed=seed)[0], ref.reset(seed=seed)[0]
+    else:
+        from stable_baselines3.common.vec_env import DummyVecEnv
+
+        ref = DummyVecEnv(fns)
+        env = ShmVecEnv(fns, n_workers=case["n_workers"], start_method=case["method"], zero_copy=True)
+        env.seed(seed)
+        ref.seed(seed)
+        obs, want = env.reset(), ref.reset()
+    go_r, go_w = os.pipe()
+    children = []
+    try:
+        for t, event in enumerate(case["events"]):
+            where = f"seed {seed}, event {t} ({event}) of {case}"
+            if event == "write":
+                _scribble(obs)
+            elif event == "fork":
+                held = _copy(obs)  # (taken in the child, it would race with the parent's next step)
+                pid = os.fork()
+                if pid == 0:
+                    _child_waits_and_compares(obs, held, (go_r, go_w))
+                children.append(pid)
+            elif event == "mask":
+                mask = rng.random(n) < 0.5
+                mask[rng.integers(n)] = True
+                obs, want = env.reset(options={"reset_mask": mask})[0], ref.reset(options={"reset_mask": mask})[0]
+                assert_same(obs, want, where, strict_dtype=True)
+            else:
+                act = rng.integers(0, 3, n)
+                out = env.step(act)
+                obs, want = out[0], ref.step(act)[0]
+                assert_same(obs, want, where, strict_dtype=True)
+                if case["face"] == "gymnasium" and case["autoreset"] == AutoresetMode.DISABLED and (
+                        ended := out[2] | out[3]).any():  # (the user resets the envs that ended)
+                    obs, want = (env.reset(options={"reset_mask": ended})[0],
+                                 ref.reset(options={"reset_mask": ended})[0])
+                    assert_same(obs, want, where + ", resetting the envs that ended", strict_dtype=True)
+                del out
+        os.write(go_w, b"!" * len(children))
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+        children = []
+        assert codes == [0] * len(codes), f"a forked child's observation changed (seed {seed}, {case})"
+    finally:
+        os.close(go_w)  # (a child still waiting reads EOF, compares and exits)
+        os.close(go_r)
+        for pid in children:
+            os.waitpid(pid, 0)
+        close_all(env, ref)
+
+
+def _draw_restart(seed: int) -> dict:
+    """A random face, failure, moment, start method and space; the SB3 face's caller always writes
+    into what it got (the class of item 3), the multi-agent faces' at random (item 4 either way)."""
+    rng = np.random.default_rng(seed)
+    face = str(rng.choice(["sb3", "multi_agent", "parallel"]))
+    return {"face": face, "how": str(rng.choice(["raise", "kill", "between"])), "at": int(rng.integers(2, 5)),
+            "scribble": face == "sb3" or bool(rng.integers(2)), "method": str(rng.choice(["fork", "fork", "forkserver"])),
+            "obs_kind": str(rng.choice(["box", "image", "dict", "tuple"]))}
+
+
+@pytest.mark.parametrize("seed", range(FUZZ_FIRST_SEED, FUZZ_FIRST_SEED + FUZZ_CASES))
+def test_fuzzed_restarts_report_the_last_observation_returned(seed, tmp_path):
+    """A random face, failure, moment and start method, the caller writing into what it got or
+    not: the restarted env's terminal observation (final_obs) is the last one it returned."""
+    case = _draw_restart(seed)
+    face, how, at = case["face"], case["how"], case["at"]
+    crash_at = None if how == "between" else at + 1
+    if face == "sb3":
+        crash = "kill" if how == "between" else how
+        fns = [functools.partial(faultenvs.make_crash_env, i, crash_at if i == 1 else None, crash, "step",
+                                 str(tmp_path / "once"), 50, case["obs_kind"]) for i in range(2)]
+        env = ShmVecEnv(fns, n_workers=2, start_method=case["method"], on_failure="restart")
+        step = lambda: env.step(np.zeros(2, dtype=np.int64))  # noqa: E731
+        env.reset()
+    else:
+        fail = crash_at or 99
+        fns = [functools.partial(agentenvs.Faulty, 99, "raise"),
+               functools.partial(agentenvs.Faulty, fail, "raise" if how == "raise" else "kill", str(tmp_path / "k"))]
+        cls = ShmMultiAgentVecEnv if face == "multi_agent" else ShmParallelEnv
+        env = cls(fns, n_workers=2, start_method=case["method"], on_failure="restart")
+        if face == "multi_agent":
+            step = lambda: env.step(np.ones(env.num_envs, dtype=np.int64))  # noqa: E731
+            env.seed(SEED)
+            env.reset()
+        else:
+            step = lambda: env.step({a: np.ones(2, dtype=np.int64) for a in env.agents})  # noqa: E731
+            env.reset(seed=SEED)
+    try:
+        for _ in range(at):
+            obs = step()[0]
+        want = _copy(obs)
+        if case["scribble"]:
+            _scribble(obs)
+        with pytest.warns(WorkerRestartWarning):
+            if how == "between":
+                _kill_worker_of(env, 1)
+                env.get_attr("tag" if face == "sb3" else "possible_agents")
+            else:
+                out = step()
+        if how == "between":
+            out = step()
+        where = f"seed {seed}, {case}"
+        if face == "parallel":
+            for agent in env.agents:
+                assert out[4][agent]["_final_obs"][1], where
+                assert_same(out[4][agent]["final_obs"][1], want[agent][1], where)
+        elif face == "multi_agent":
+            for row in (2, 3):
+                assert_same(out[3][row]["terminal_observation"], want[row], where)
+        else:
+            got = out[3][1]["terminal_observation"]
+            assert_same(got, {k: v[1] for k, v in want.items()} if isinstance(want, dict) else
+                        tuple(v[1] for v in want) if isinstance(want, tuple) else want[1], where)
     finally:
         close_all(env)
