@@ -11,7 +11,6 @@ policy is shared by every agent.  The semantics (agents that come and go, paddin
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,65 +25,16 @@ except ModuleNotFoundError as exc:
     raise missing("ShmMultiAgentVecEnv", exc) from exc
 
 from shmvec import _protocol as P
-from shmvec._agents import AgentsFactory, agent_space
+from shmvec._agents import agent_space
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
-from shmvec._restarts import RESTART_INFO_KEY
 from shmvec._errors import NoAsyncCallError
 from shmvec._seeds import per_env_seeds
 from shmvec._state import serialized
 from shmvec._masks import METHOD as MASKS_METHOD
-from shmvec.shm_vec_env import rendered_images, served_masks
+from shmvec._frontend import FLAG_KEYS, agent_step_values, agents_engine, obs_leaves, rendered_images, served_masks
 
-__all__ = ["ShmMultiAgentVecEnv", "agents_engine", "agent_step_values", "obs_leaves"]
-
-FLAG_KEYS = ("rew", "term", "trunc", "active")
-
-
-def agents_engine(env_fns: Sequence[Callable[[], Any]], pad: bool, public_name: str,
-                  **options: Any) -> tuple[Engine, list[str]]:
-    """An :class:`Engine` of :class:`shmvec._agents.AgentsEnv`s built from ``env_fns``, and the
-    envs' ``possible_agents`` (the multi-agent front-ends' shared construction).  ``options``
-    are the engine's (every ``ShmVecEnv`` option).  Closes what it built if reading the agents
-    fails."""
-    factories = [AgentsFactory(fn, i, pad) for i, fn in enumerate(env_fns)]
-    engine = Engine(factories, batch_dict=collections.OrderedDict, public_name=public_name, **options)
-    try:
-        agents = list(engine.call(P.Call.GET_ATTR, [0], ("possible_agents",))[0])
-    except BaseException:
-        engine.close()
-        raise
-    return engine, agents
-
-
-def obs_leaves(engine: Engine) -> dict:
-    """The buffers of the stacked observations of the last step or reset: block 0, or the lease
-    block the workers wrote them to (``zero_copy``, shmvec._leases)."""
-    leases = engine.leases
-    return engine.views.obs_blocks[leases.block] if leases is not None else engine.views.obs
-
-
-def agent_step_values(engine: Engine, results: list[list]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """(the envs that ended this step, the step's per-agent ``rew``/``term``/``trunc``/``active``
-    as new ``(n_envs, n_agents)`` arrays).  An env that ended has been reset already, so its
-    values are read from the terminal stack; a restarted env's (whose last stack is that of the
-    step before: nothing new happened) have reward 0 and every agent truncated, not terminated (a
-    restart cuts the episode: docs/failures.md, as for single-agent envs)."""
-    views, leaves = engine.views, obs_leaves(engine)
-    ended = np.flatnonzero(views.terminated | views.truncated)
-    values = {}
-    for key in FLAG_KEYS:
-        arr = leaves[(key,)].copy()
-        if ended.size:
-            arr[ended] = views.term_obs[(key,)][ended]
-        values[key] = arr
-    for items in results:
-        for e, info, _ in items:
-            if info and RESTART_INFO_KEY in info:
-                values["rew"][e] = 0.0
-                values["term"][e], values["trunc"][e] = False, True
-    return ended, values
-
+__all__ = ["ShmMultiAgentVecEnv"]
 
 class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
     """PettingZoo ``ParallelEnv``s stepped in shared memory, one SB3 row per agent::

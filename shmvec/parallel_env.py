@@ -1,7 +1,7 @@
 """ShmParallelEnv: PettingZoo's ``ParallelEnv`` API batched over envs, agents kept as keys.
 
 The same engine and worker-side adapter as :class:`shmvec.ShmMultiAgentVecEnv` (built by
-:func:`shmvec.multi_agent_vec_env.agents_engine`), with the same autoreset and black-death
+:func:`shmvec._frontend.agents_engine`), with the same autoreset and black-death
 semantics, but every return is a dict keyed by agent of arrays over envs instead of SB3 rows.
 docs/multi-agent.md, "A face that keeps agents as keys".
 """
@@ -21,11 +21,10 @@ from shmvec._agents import agent_space
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
 from shmvec._errors import AlreadyPendingCallError, SpaceError
+from shmvec._frontend import agent_step_values, agents_engine, obs_leaves, served_masks
 from shmvec._layout import Leaf
 from shmvec._seeds import per_env_seeds
 from shmvec._state import serialized
-from shmvec.multi_agent_vec_env import agent_step_values, agents_engine, obs_leaves
-from shmvec.shm_vec_env import served_masks
 
 __all__ = ["ShmParallelEnv"]
 

@@ -9,7 +9,6 @@ memory, the protocol (:mod:`shmvec._protocol`), failures and restarts.
 from __future__ import annotations
 
 import collections
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,47 +26,15 @@ from shmvec import _protocol as P
 from shmvec._copyguard import Uncopyable
 from shmvec._describe import describe_vec_env, rebuild
 from shmvec._engine import Engine
-from shmvec._errors import NoAsyncCallError, ShmVecEnvError
+from shmvec._errors import NoAsyncCallError
 from shmvec._masks import METHOD as MASKS_METHOD
 from shmvec._pickled_leaves import stack_values
 from shmvec._rows import copy_actions, step_infos
 from shmvec._seeds import per_env_seeds
+from shmvec._frontend import rendered_images, served_masks
 from shmvec._state import IDLE, serialized
 
 __all__ = ["ShmVecEnv"]
-
-
-def served_masks(engine: Engine, owner: str) -> np.ndarray:
-    """The mask buffer in shared memory (a view), the workers writing into it from now on (the
-    first ask turns them on: shmvec._masks).
-
-    :raises ShmVecEnvError: action masks are off for this vec env (``owner``: the class in hand).
-    :raises ClosedVecEnvError, BrokenVecEnvError, AlreadyPendingCallError: misuse.
-    """
-    engine.check_usable()
-    if not engine.masks_in_shm:
-        raise ShmVecEnvError(
-            f"action masks are off for this {owner} (its envs have no action_masks() method, or "
-            "action_masks=False): call env_method('action_masks') instead.")
-    engine.check_idle("action_masks")
-    if not engine.masks_live:  # the first ask: the workers write them now, and after every step
-        try:
-            engine.call(P.Call.ACTION_MASKS, None, ())
-        except Exception:
-            if engine.status.failure is None:  # one worker's envs failed: the others go back to off
-                engine.call(P.Call.ACTION_MASKS_OFF, None, ())
-            raise
-        engine.masks_live = True
-    return engine.views.mask
-
-
-def rendered_images(engine: Engine, render_mode: str | None, n_envs: int) -> list:
-    """SB3's ``VecEnv.get_images``: each env's ``render()``, or ``n_envs`` Nones (with SB3's warning)
-    when the render mode is not ``rgb_array``."""
-    if render_mode != "rgb_array":
-        warnings.warn(f"The render mode is {render_mode}, but this method assumes it is `rgb_array` to obtain images.")
-        return [None for _ in range(n_envs)]
-    return engine.call(P.Call.RENDER, None, ())
 
 
 class ShmVecEnv(Uncopyable, VecEnv):
