@@ -67,8 +67,8 @@ Failures add nothing new: a step that fails leaves its block half written and th
 (:func:`shmvec._layout.close_mapping`), its name long unlinked.
 
 Off (block 0 only) with ``copy=False`` (the caller asked for the buffer itself), with
-``on_failure="restart"`` (its truncation reports read and write the observations of block 0),
-for observation leaves without a fixed size, in the pools and in ``ShmParallelEnv`` (unless
+``on_failure="restart"`` (a restart resets a worker's envs alone, outside the commands that
+write every env's observations into one block), for observation leaves without a fixed size, in the pools and in ``ShmParallelEnv`` (unless
 asked for: it reads the block written, then copies).  ``ShmMultiAgentVecEnv`` hands out its rows
 as views of the lease block.  By default (``zero_copy=None``) it is on when one step's
 observations weigh at least :data:`AUTO_MIN_BYTES`: below that a copy costs as much or less
