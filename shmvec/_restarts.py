@@ -45,6 +45,7 @@ from shmvec._errors import (
     WorkerStacks,
     WorkerTimeoutError,
     describe_exitcode,
+    envs_named,
     unpack_exception,
     user_stacklevel,
 )
@@ -232,7 +233,7 @@ class Restarts:
             stack = self.failure_stack(w)
             self.failure_stacks.clear()
             raise record(e.status, TooManyRestartsError(
-                f"worker {w} (envs {sl.start}..{sl.stop - 1}) failed during {command} ({reason}){over}: over the "
+                f"worker {w} ({envs_named(range(sl.start, sl.stop))}) failed during {command} ({reason}){over}: over the "
                 f"limit set by max_restarts={self.max_restarts} ({self.count} restarts so far). The envs keep "
                 f"failing: fix them, or raise max_restarts (None: no limit). "
                 + ("Its Python stack when it failed (faulthandler) is shown above. " if stack else "") + BROKEN_HINT
@@ -283,7 +284,7 @@ class Restarts:
             sl = self.engine.slices[w]
             stack = self.failure_stack(w)
             warnings.warn(
-                f"shmvec: worker {w} (envs {sl.start}..{sl.stop - 1}) failed during {command} ({reason}) and was "
+                f"shmvec: worker {w} ({envs_named(range(sl.start, sl.stop))}) failed during {command} ({reason}) and was "
                 f"restarted (restart {count}, {limit}); its envs were rebuilt and reset, and {report}."
                 + ("" if stack is None else f" Its Python stack when it failed (faulthandler):\n{stack.tb}"),
                 WorkerRestartWarning, stacklevel=user_stacklevel(),

@@ -253,6 +253,20 @@ def test_a_restart_names_the_env_and_warns_with_the_stack(tmp_path):
         env.close()
 
 
+def test_a_restart_of_a_worker_with_one_env_names_it_as_one_env():
+    """'env 3', never 'envs 3..3', in the warning and in TooManyRestartsError (one helper formats env sets)."""
+    env = ShmVecEnv(_crash_fns(bad=3, at=1, how="raise"), n_workers=N, start_method="fork", on_failure="restart",
+                    max_restarts=0)
+    try:
+        env.reset()
+        with pytest.raises(TooManyRestartsError) as info:
+            for k in range(3):
+                env.step(_actions(k))
+        assert "worker 3 (env 3) failed during" in str(info.value) and ".." not in str(info.value).split("failed")[0]
+    finally:
+        env.close()
+
+
 def test_unpicklable_exception_arrives_as_remote_env_error_with_the_traceback():
     env = ShmVecEnv(_crash_fns(bad=2, at=2, how="raise_unpicklable"), n_workers=2, start_method="fork")
     try:
