@@ -75,6 +75,10 @@ def first_obs(venv):
 
 
 def run(method):
+    import importlib.util
+
+    # ShmVecEnv where SB3 is installed, else the Gymnasium face: the same factories, the same workers.
+    face = shmvec.ShmVecEnv if importlib.util.find_spec("stable_baselines3") else shmvec.ShmVectorEnv
     out = {}
     for env_id in ("MainPlain-v0", "MainWrapped-v0"):
         for how in ("make_vec", "lambda", "make_env"):
@@ -82,9 +86,9 @@ def run(method):
                 if how == "make_vec":
                     venv = shmvec.make_vec(env_id, num_envs=2, vector_kwargs={"start_method": method})
                 elif how == "lambda":
-                    venv = shmvec.ShmVecEnv([lambda: gym.make(env_id)] * 2, start_method=method)
+                    venv = face([lambda: gym.make(env_id)] * 2, start_method=method)
                 else:
-                    venv = shmvec.ShmVecEnv([shmvec.make_env(env_id)] * 2, start_method=method)
+                    venv = face([shmvec.make_env(env_id)] * 2, start_method=method)
                 out[f"{env_id} {how}"] = first_obs(venv)
             except Exception as exc:
                 out[f"{env_id} {how}"] = f"{type(exc).__name__}: {exc}"
