@@ -260,10 +260,12 @@ class ShmVecEnvPool(Uncopyable, VecEnv):
         return obs, infos["env_id"][order], order
 
     def _remember(self, obs: Any, ids: np.ndarray) -> None:
-        """The rows just returned: the next step_async's envs, and their observations."""
+        """The rows just returned: the next step_async's envs, and a copy of their observations (what
+        the caller does to the arrays it was handed must not change the ``pool_obs`` reported later)."""
         self._ids = ids
+        kept = _take(obs, np.arange(len(ids)))  # one copy of the batch (fancy indexing copies)
         for k, i in enumerate(ids.tolist()):
-            self._last_obs[i] = _row(obs, k)
+            self._last_obs[i] = _row(kept, k)
 
 
 class PoolReplayBuffer(ReplayBuffer):

@@ -486,3 +486,27 @@ def test_fuzzed_restarts_report_the_last_observation_returned(seed, tmp_path):
                         tuple(v[1] for v in want) if isinstance(want, tuple) else want[1], where)
     finally:
         close_all(env)
+
+
+@pytest.mark.parametrize("batch_size", [2, 4])
+def test_a_pool_transition_keeps_the_observation_returned_not_the_callers_writes(batch_size):
+    """ShmVecEnvPool's ``pool_obs`` (what PoolReplayBuffer stores) is the env's observation, even when
+    the caller wrote into the array it was handed (as VecNormalize or a frame-stack in place would)."""
+    from shmvec import ShmVecEnvPool, make_env
+
+    pool = ShmVecEnvPool([make_env("CartPole-v1")] * 4, batch_size=batch_size, n_workers=2, start_method="fork")
+    try:
+        obs = pool.reset()
+        handed: list[np.ndarray] = []  # every row returned so far, as returned
+        checked = 0
+        for _ in range(6):
+            handed += [row.copy() for row in obs]
+            obs *= 0.0  # the caller's own business
+            obs, _, _, infos = pool.step(np.zeros(batch_size, dtype=np.int64))
+            for info in infos:  # the very row returned for that env, not the zeros written since
+                if "pool_obs" in info:
+                    assert any(np.array_equal(info["pool_obs"], row) for row in handed), info["pool_obs"]
+                    checked += 1
+        assert checked
+    finally:
+        pool.close()
