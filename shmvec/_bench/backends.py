@@ -377,6 +377,8 @@ class Backend:
             except (ImportError, ValueError):
                 found = False
             if not found:
+                if module == "stable_baselines3":  # the extra shmvec[sb3] (shmvec._optional)
+                    return 'stable_baselines3 is not installed (pip install -c constraints.txt -e ".[sb3]" adds it)'
                 return f"{module} is not installed"
         return None
 
