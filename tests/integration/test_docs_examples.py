@@ -45,6 +45,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import OPTIONAL_MODULES
 from helpers import REPO_ROOT, pythonpath
 
 ROOT = Path(REPO_ROOT)
@@ -165,8 +166,28 @@ def run(argv: list[str], cwd: Path, where: str) -> subprocess.CompletedProcess[s
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{where}: still running after {TIMEOUT_S:.0f} s (make the example lighter, or mark it)\n"
                     f"{e.stdout}\n{e.stderr}")
+    if proc.returncode != 0:
+        missing = missing_in_traceback(proc.stderr)
+        if missing:  # imported further down (shmvec.integrations.torchrl imports torchrl when used)
+            pytest.skip(f"{where}: needs {missing}, which is not installed here")
     assert proc.returncode == 0, f"{where} exited with status {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     return proc
+
+
+# The last line of a traceback that says an optional library is missing: Python's own, or shmvec's
+# (shmvec._optional: "ShmVecEnv needs stable-baselines3, which is not installed ...").
+_NOT_INSTALLED = re.compile(r"ModuleNotFoundError: (?:No module named '([\w.]+)'|\w+ needs ([\w-]+), which is not installed)")
+
+
+def missing_in_traceback(stderr: str) -> str | None:
+    """The optional library whose absence ended the program (the suite's full run installs them), or None."""
+    lines = stderr.strip().splitlines()
+    m = _NOT_INSTALLED.match(lines[-1]) if lines else None
+    if m is None:
+        return None
+    name = (m.group(1) or m.group(2)).split(".")[0]
+    module = name.replace("-", "_")
+    return name if module in OPTIONAL_MODULES and importlib.util.find_spec(module) is None else None
 
 
 def missing_modules(code: str) -> list[str]:

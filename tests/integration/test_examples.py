@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +49,8 @@ def test_image_env(kind):
 @SB3
 def test_custom_registered_env_spawn():
     out = run_example("custom_registered_env_spawn.py", "--n-envs", "4", "--steps", "256")
-    assert "4 x GridWalk-v0 (size 8) in 2 spawned workers" in out
+    # the default n_workers: the cores, less those other processes keep busy (a loaded machine has fewer)
+    assert re.search(r"4 x GridWalk-v0 \(size 8\) in \d+ spawned workers", out), out
     assert "PPO, 256 steps" in out
 
 
