@@ -267,8 +267,19 @@ def program_source(program: str) -> Path | None:
     if program in scripts:
         program = "python -m " + scripts[program].split(":")[0]
     if program.startswith("python -m "):
-        spec = importlib.util.find_spec(program.removeprefix("python -m "))
-        return Path(spec.origin) if spec and spec.origin else None
+        # Found without importing it: find_spec("pkg.mod") imports pkg, and some packages patch other
+        # libraries when imported (rl_zoo3 replaces Gymnasium's TimeLimit for the whole process).
+        top, _, rest = program.removeprefix("python -m ").partition(".")
+        spec = importlib.util.find_spec(top)
+        if spec is None or not spec.origin:
+            return None
+        if not rest:
+            return Path(spec.origin)
+        base = Path(spec.origin).parent.joinpath(*rest.split("."))
+        for candidate in (base.with_suffix(".py"), base / "__main__.py"):
+            if candidate.exists():
+                return candidate
+        return None
     path = ROOT / program.removeprefix("python ")
     return path if path.suffix == ".py" and path.exists() else None
 
