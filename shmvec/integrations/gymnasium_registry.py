@@ -20,8 +20,8 @@ or, for an env of one's own, the entry point at registration::
 Gymnasium refuses ``vector_kwargs`` and ``wrappers`` in this mode: ShmVectorEnv's options are
 those given to the entry point, or a ``shmvec_options`` dict among ``make_vec``'s keyword
 arguments (for one call); every other keyword argument goes to each env's ``gymnasium.make``.
-RLlib builds its envs with ``gymnasium.make_vec`` too (``gym_env_vectorize_mode=
-"vector_entry_point"``); that path is not tested yet (docs/integrations.md).
+A registration changes the registry of the process that makes it, and no other: RLlib's remote env
+runners (Ray actors) do not see it; :mod:`shmvec.integrations.rllib` reaches them.
 """
 
 from __future__ import annotations
