@@ -38,7 +38,7 @@ import startupenvs
 if __name__ == "__main__":
     method, where = sys.argv[1], sys.argv[2]
     factory = startupenvs.slow_cartpole if where == "factory" else startupenvs.cartpole
-    shmvec.ShmVecEnv([factory] * {workers}, n_workers={workers}, start_method=method)
+    shmvec.ShmVectorEnv([factory] * {workers}, n_workers={workers}, start_method=method)
 '''
 
 
@@ -122,11 +122,11 @@ def test_workers_outlive_the_thread_that_started_them(start_method):
     import numpy as np
 
     import startupenvs
-    from shmvec import ShmVecEnv
+    from shmvec import ShmVectorEnv
 
     built = []
     thread = threading.Thread(target=lambda: built.append(
-        ShmVecEnv([startupenvs.cartpole] * 2, n_workers=2, start_method=start_method)))
+        ShmVectorEnv([startupenvs.cartpole] * 2, n_workers=2, start_method=start_method)))
     thread.start()
     thread.join()
     env = built[0]

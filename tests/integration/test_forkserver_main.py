@@ -33,7 +33,7 @@ import testenvs
 
 
 def build():
-    env = shmvec.ShmVecEnv([testenvs.make_bare_env] * 3, n_workers=3, start_method="forkserver")
+    env = shmvec.ShmVectorEnv([testenvs.make_bare_env] * 3, n_workers=3, start_method="forkserver")
     env.reset()
     env.close()
     print("built")
