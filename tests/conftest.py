@@ -29,6 +29,9 @@ import gymnasium  # noqa: F401
 
 try:  # Stable-Baselines3 and torch are optional (shmvec[sb3]); without them their tests skip, see below.
     import stable_baselines3  # noqa: F401
+except ModuleNotFoundError:
+    pass
+try:
     import torch
 except ModuleNotFoundError:
     torch = None

@@ -669,6 +669,7 @@ def test_multiagent_bare_loop_counts_agent_steps():
     assert env_loop_sps(env, 0.05) > 0
 
 
+@SB3
 @pytest.mark.parametrize("env", ["CartPole-v1", "image-36x36x4"])
 def test_where_users_train_measures_each_situation_for_each_pair(env, tmp_path, capsys, one_torch_thread):
     """Random actions, a policy in the loop and a busy core, for ShmVecEnv x DummyVecEnv and
