@@ -396,15 +396,6 @@ def _scatter_values(values: list, at: tuple[Any, int] | None) -> Callable[[int, 
     return scatter
 
 
-def keeping(write: Callable[[int, Any], None], last: list, start: int) -> Callable[[int, Any], None]:
-    """``write`` (a scatter, ``f(i, value)``) that also keeps each value written in ``last[i - start]``:
-    the object itself, no copy (a worker's last observations, for zero_copy's partial reset: shmvec._leases)."""
-    def write_keeping(i: int, value: Any) -> None:
-        write(i, value)
-        last[i - start] = value
-    return write_keeping
-
-
 def _fmt(path: Path) -> str:
     return "".join(f"[{k!r}]" for k in path)
 

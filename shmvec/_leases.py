@@ -45,8 +45,8 @@ the step goes to block 0 and the caller gets a copy, as without ``zero_copy``.
 
 A partial reset (Gymnasium's ``reset_mask``) goes to a free block as any RESET does, and the envs
 it does not reset must show their last observation there: each worker keeps, for each of its
-envs, the object the env last returned (a reference, no copy: :func:`shmvec._layout.keeping`
-wraps the worker's writers, only with lease blocks) and writes it again.  Nothing is copied from the
+envs, the object the env last returned (a reference, no copy, kept by the worker's step and reset
+loops, only with lease blocks) and writes it again.  Nothing is copied from the
 block the caller holds: the caller may have written into it in place (``obs *= 0.5``).
 
 Forks.  A child of ``os.fork()`` (or of a ``fork`` multiprocessing process) inherits the mapping,

@@ -25,7 +25,7 @@ from shmvec import _crash, _lifeline
 from shmvec import _protocol as P
 from shmvec._codec import encode_infos
 from shmvec._errors import ShmVecEnvError, pack_exception
-from shmvec._layout import Layout, check_same_spaces, close_mapping, keeping, make_gather, make_scatter
+from shmvec._layout import Layout, check_same_spaces, close_mapping, make_gather, make_scatter
 from shmvec._masks import has_action_masks, write_mask
 from shmvec._pickled_leaves import WorkerLeaves
 from shmvec._pickling import dumps
@@ -205,9 +205,8 @@ class _Worker:
         # writer per observation block; each command's OBS_BLOCK word picks one (shmvec._leases).
         self.obs_writers = [make_scatter(env.observation_space, block, "observation", (self.words, self._env_at))
                             for block in views.obs_blocks]
-        if obs_blocks:  # zero_copy: each env's last observation is kept, for a partial reset (shmvec._leases)
+        if obs_blocks:  # zero_copy: the step and reset loops keep each env's last observation (shmvec._leases)
             self.last_obs = [None] * (self.stop - self.start)
-            self.obs_writers = [keeping(write, self.last_obs, self.start) for write in self.obs_writers]
         self.write_obs = self.obs_writers[0]
         self.write_term = make_scatter(env.observation_space, views.term_obs, "observation")
         if layout.act_pickled:  # the step's pickled actions come first (shmvec._pickled_leaves)
@@ -369,7 +368,7 @@ class _Worker:
 
     def _step(self) -> list:
         start = self.start
-        write_obs, write_term = self.write_obs, self.write_term
+        write_obs, write_term, keep = self.write_obs, self.write_term, self.last_obs
         rews, terms, truncs, items = [], [], [], []
         add_rew, add_term, add_trunc = rews.append, terms.append, truncs.append
         i = start
@@ -387,6 +386,8 @@ class _Worker:
                 elif info:
                     items.append((i, info, None))
                 write_obs(i, obs)
+                if keep is not None:  # zero_copy: the object itself, for a partial reset
+                    keep[i - start] = obs
         except BaseException:
             self.current = i
             raise
@@ -422,11 +423,10 @@ class _Worker:
         """NEXT_STEP autoreset: an env that finished on the previous step is reset, not stepped
         (its action is ignored, its reward is 0 and its flags False; its info is the reset info).
         DISABLED: the same, but nothing is marked finished (the parent resets ended envs)."""
-        start = self.start
-        write_obs, finished = self.write_obs, self.finished
+        write_obs, finished, keep = self.write_obs, self.finished, self.last_obs
         next_step = self.autoreset == P.AUTORESET_NEXT_STEP
         rews, terms, truncs, items = [], [], [], []
-        i = start
+        i = self.start
         try:
             for j, (env, action) in enumerate(zip(self.envs, self.read_actions())):
                 if finished[j]:
@@ -441,6 +441,8 @@ class _Worker:
                 if info:
                     items.append((i, info, None))
                 write_obs(i, obs)
+                if keep is not None:
+                    keep[j] = obs
                 i += 1
         except BaseException:
             self.current = i
@@ -470,6 +472,8 @@ class _Worker:
             opts = options[j] if options is not None else None
             obs, reset_info = env.reset(seed=seed, **({"options": opts} if opts else {}))
             self.write_obs(i, obs)
+            if last_obs is not None:  # zero_copy
+                last_obs[j] = obs
             if reset_info:
                 items.append((i, reset_info))
         self.current = None
