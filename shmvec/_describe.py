@@ -1,8 +1,9 @@
 """A whole vec env as plain data, and back: the body of ``describe()`` and ``from_description()``.
 
 A description holds each env's factory (:func:`shmvec.factories.describe_factory`, run-length
-encoded), ``n_envs``, the constructor options, and the last ``seed()`` and ``set_options()``
-arguments: JSON, no closure and no pickle.  :func:`rebuild` builds the vec env it describes.
+encoded), ``n_envs``, the constructor options (those :data:`shmvec._options.OPTIONS` declares, as
+:attr:`shmvec._options.Options.given` holds them, each written as its declaration says), and the
+last ``seed()`` and ``set_options()`` arguments: JSON, no closure and no pickle.  :func:`rebuild` builds the vec env it describes.
 
 :func:`rebuild` takes the class to build from its caller: this layer does not know the
 front-ends.  ``ShmVecEnv.from_description`` (and ``RayShmVecEnv.from_description``) pass their
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from shmvec._options import plain_option
 from shmvec._seeds import seed_from_plain
 from shmvec.factories import DescriptionError, describe_factory, factory_from_description, jsonable
 
@@ -60,8 +62,7 @@ def describe_vec_env(descriptions: Sequence[dict[str, Any] | Exception], config:
         factories.append(d)
     plain_options = {}
     for name, value in config.items():
-        if name == "cpu_affinity" and isinstance(value, (list, tuple)):
-            value = [sorted(v) if isinstance(v, (set, frozenset, tuple, list)) else v for v in value]
+        value = plain_option(name, value)  # as the option's declaration writes it (shmvec._options.OPTIONS)
         plain_options[name] = jsonable(list(value) if isinstance(value, tuple) else value, f"option {name}")
     return {
         "shmvec_description": DESCRIPTION_VERSION,
