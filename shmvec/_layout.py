@@ -23,6 +23,7 @@ from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 
 from shmvec import _protocol as P
 from shmvec._actions import exact_integers
+from shmvec._containers import assembler, children, is_keyed
 from shmvec._errors import ObservationError, SpaceError
 from shmvec._rows import RowWriter
 
@@ -49,6 +50,9 @@ def space_leaves(space: spaces.Space, path: Path = ()) -> list[Leaf]:
 
     :raises SpaceError: something that is not a ``gymnasium.spaces.Space``.
     """
+    kids = children(space)  # a container (shmvec._containers): the leaves of its children, in order
+    if kids is not None:
+        return [leaf for key, sub in kids for leaf in space_leaves(sub, path + (key,))]
     if isinstance(space, spaces.Space):
         return [Leaf(path, (), np.dtype(object), pickled=True)]
     where = "the space" if not path else f"the subspace at {list(path)}"
@@ -78,14 +82,6 @@ def _(space: spaces.MultiBinary, path: Path = ()) -> list[Leaf]:
     return [Leaf(path, tuple(space.shape), np.dtype(space.dtype))]
 
 
-@space_leaves.register
-def _(space: spaces.Dict, path: Path = ()) -> list[Leaf]:
-    return [leaf for key, sub in space.spaces.items() for leaf in space_leaves(sub, path + (key,))]
-
-
-@space_leaves.register
-def _(space: spaces.Tuple, path: Path = ()) -> list[Leaf]:
-    return [leaf for i, sub in enumerate(space.spaces) for leaf in space_leaves(sub, path + (i,))]
 
 
 def check_same_spaces(i: int, mine: tuple, first_i: int, first: tuple) -> None:
@@ -274,7 +270,7 @@ def make_gather(space: spaces.Space, leaves: dict[Path, Any], copy: bool,
     values for a slice or an array of indices (Gymnasium: a tuple; SB3: see shmvec._pickled_leaves).
     """
     f = _gather(space, (), leaves, copy, batch)
-    if top_dict is not dict and isinstance(space, spaces.Dict):
+    if top_dict is not dict and children(space) is not None and is_keyed(space):
         return lambda i: top_dict(f(i))
     return f
 
@@ -287,12 +283,11 @@ def _gather(space: spaces.Space, path: Path, leaves: dict[Path, Any], copy: bool
     arr = leaves.get(path)
     if type(arr) is list:  # a pickled leaf (Text, Sequence, ...): one value per env
         return _gather_values(arr, batch)
-    if isinstance(space, spaces.Dict):
-        parts = [(key, _gather(s, path + (key,), leaves, copy, batch)) for key, s in space.spaces.items()]
-        return lambda i: {key: f(i) for key, f in parts}
-    if isinstance(space, spaces.Tuple):
-        items = [_gather(s, path + (k,), leaves, copy, batch) for k, s in enumerate(space.spaces)]
-        return lambda i: tuple(f(i) for f in items)
+    kids = children(space)
+    if kids is not None:
+        items = [_gather(s, path + (key,), leaves, copy, batch) for key, s in kids]
+        build = assembler(space)
+        return lambda i: build([f(i) for f in items])
     arr = leaves[path]
     if arr.ndim == 1 and scalar_float_box(space):
         # One env's value of a scalar float Box as a 0-d array, as Box.sample() gives it (and
@@ -337,11 +332,8 @@ def _scatter(space: spaces.Space, path: Path, leaves: dict[Path, Any], what: str
     values = leaves.get(path)
     if type(values) is list:  # a pickled leaf: kept as it is, sent in the worker's message
         return _scatter_values(values, at)
-    if isinstance(space, (spaces.Dict, spaces.Tuple)):
-        if isinstance(space, spaces.Dict):
-            keyed = list(space.spaces.items())
-        else:
-            keyed = list(enumerate(space.spaces))
+    keyed = children(space)
+    if keyed is not None:
         parts = [(key, _scatter(s, path + (key,), leaves, what, at)) for key, s in keyed]
 
         def scatter_nested(i: int, value: Any) -> None:

@@ -92,6 +92,7 @@ import numpy as np
 from gymnasium import spaces
 
 from shmvec import _protocol as P
+from shmvec._containers import assembler, children
 from shmvec._errors import SpaceError
 from shmvec._layout import Layout, Views, space_leaves
 
@@ -310,11 +311,10 @@ def _value_of(space: spaces.Space, block: dict, top_dict: type) -> Callable[[], 
 def _build(space: spaces.Space, path: tuple, block: dict, top_dict: type) -> Callable[[], Any]:
     # Module-level recursion: a nested function calling itself would form a reference cycle
     # holding the roots (and the mapping) until the garbage collector runs.
-    if isinstance(space, spaces.Dict):
-        parts = [(key, _build(s, path + (key,), block, dict)) for key, s in space.spaces.items()]
-        return lambda: top_dict([(key, f()) for key, f in parts])
-    if isinstance(space, spaces.Tuple):
-        items = [_build(s, path + (k,), block, dict) for k, s in enumerate(space.spaces)]
-        return lambda: tuple([f() for f in items])
+    kids = children(space)
+    if kids is not None:  # a container (shmvec._containers): its value, built of its children's
+        items = [_build(s, path + (key,), block, dict) for key, s in kids]
+        build = assembler(space, top_dict)
+        return lambda: build([f() for f in items])
     root = block[path]
     return lambda: root[...]  # a new view each time: what the caller does to it stays its own
