@@ -20,7 +20,8 @@ These rules are written once, here, for every face: :class:`ActionWriter` (the S
 faces, ``ShmMultiAgentVecEnv``'s stacked rows), and :func:`leaf_batch` with :func:`leaf_check` for
 ``ShmParallelEnv``'s batch of each agent (named as ``actions['agent_0']``), so that a batch one
 face refuses (floats that are not whole numbers for an integer space, one value for every env) no
-face truncates or broadcasts.
+face truncates or broadcasts; :func:`exact_cast` is the cast rule alone (``ShmEnvPool``'s rows go
+through :func:`leaf_batch`, the Ray faces' batch through ``exact_cast`` before it is split).
 
 The usual batch (an ndarray of the leaf's shape and dtype) is checked and copied
 in one C loop (``shmvec._rows.copy_actions``, about 0.15 us for 64 envs; the
@@ -437,16 +438,26 @@ def leaf_batch(value: Any, leaf: Any, n_rows: int, rows: str = "envs") -> np.nda
     :raises ValueError: not one row per env (:func:`batch_array`), or a dtype that does not cast
         exactly (``1.7`` for an integer space).
     """
-    arr = batch_array(value, leaf, n_rows, rows)
-    if arr.dtype != leaf.dtype and (leaf.dtype.kind in "iu" or not np.can_cast(arr.dtype, leaf.dtype, "same_kind")):
-        exact = exact_integers(arr, leaf.dtype)
-        if exact is None:
-            raise ValueError(
-                f"actions{_where(leaf.path)} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype} "
-                "(floats or other integers are accepted for an integer space only when every value is a whole "
-                f"number that fits); got {_shown(arr)}")
-        arr = exact
-    return arr
+    return exact_cast(batch_array(value, leaf, n_rows, rows), leaf.dtype, leaf.path)
+
+
+def exact_cast(arr: np.ndarray, dtype: np.dtype, path: tuple = ()) -> np.ndarray:
+    """``arr``, a batch of the actions at ``path``, ready for a buffer of ``dtype``: itself when
+    numpy casts it without loss (the same kind, or wider), else its values as ``dtype`` when each
+    is exact there (:func:`exact_integers`: whole floats, integers that fit).  The cast rule of
+    every face: a value is never truncated or wrapped.
+
+    :raises ValueError: a value that ``dtype`` does not hold as it is (``1.7`` for an integer space).
+    """
+    if arr.dtype == dtype or (dtype.kind not in "iu" and np.can_cast(arr.dtype, dtype, "same_kind")):
+        return arr
+    exact = exact_integers(arr, dtype)
+    if exact is None:
+        raise ValueError(
+            f"actions{_where(path)} have dtype {arr.dtype}, which does not cast safely to {dtype} "
+            "(floats or other integers are accepted for an integer space only when every value is a whole "
+            f"number that fits); got {_shown(arr)}")
+    return exact
 
 
 def _shown(arr: np.ndarray, most: int = 8) -> str:

@@ -1,8 +1,13 @@
-"""Seeds for the envs of a vec env: what ``seed(seed)`` gives each env, and ``seed`` as plain data.
+"""Per-env arguments of a vec env, read the same way by every front-end: seeds, values, indices.
 
 :func:`per_env_seeds` implements ``ShmVecEnv.seed()`` (an int, a list, or a
 ``numpy.random.SeedSequence``); :func:`seed_from_plain` reads back the plain value it returns
-(for ``describe()``); :func:`spawn_seeds` derives independent seeds from a ``SeedSequence``.
+(for ``describe()``); :func:`spawn_seeds` derives independent seeds from a ``SeedSequence``;
+:func:`gym_vector_seeds` is ``reset(seed=...)`` of the Gymnasium-style faces.
+
+:func:`per_env_values` is the rule "one value per env (a list or tuple), or one for all"
+(``set_attr``'s values, reset options); :func:`env_indices` is SB3's ``indices`` (None, an int,
+or an iterable of ints).
 """
 
 from __future__ import annotations
@@ -10,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
-__all__ = ["spawn_seeds", "per_env_seeds", "seed_from_plain"]
+__all__ = ["spawn_seeds", "per_env_seeds", "seed_from_plain", "gym_vector_seeds", "per_env_values", "env_indices"]
 
 
 def spawn_seeds(seed_seq: np.random.SeedSequence | int, n: int) -> list[int]:
@@ -70,3 +76,54 @@ def seed_from_plain(plain: Any) -> Any:
         ss = plain["seed_sequence"]
         return np.random.SeedSequence(ss["entropy"], spawn_key=tuple(ss["spawn_key"]), pool_size=ss["pool_size"])
     return plain
+
+
+def gym_vector_seeds(seed: Any, num_envs: int) -> list:
+    """reset's ``seed`` of the Gymnasium-style faces as one seed (or None) per env: None (unseeded),
+    an int (env i gets ``seed + i``, as Gymnasium's vector envs) or a list of one per env."""
+    if seed is None:
+        return [None] * num_envs
+    if isinstance(seed, (int, np.integer)):
+        seeds = [int(seed) + i for i in range(num_envs)]
+    else:
+        seeds = list(seed)
+        if len(seeds) != num_envs:
+            raise ValueError(
+                f"If seeds are passed as a list the length must match num_envs={num_envs} but got length={len(seeds)}."
+            )
+    # Checked here, as each env's reset would (Gymnasium's np_random), so that a bad seed breaks
+    # nothing: raised in a worker, it would break the vector env.  numpy ints are taken as ints.
+    for i, s in enumerate(seeds):
+        if s is None:
+            continue
+        if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
+            raise gym.error.Error(f"Seed must be a python integer, actual type: {type(s)} (env {i})")
+        seeds[i] = s = int(s)
+        if s < 0:
+            raise gym.error.Error(f"Seed must be greater or equal to zero, actual value: {s} (env {i})")
+    return seeds
+
+
+def per_env_values(values: Any, n_envs: int, what: str = "values") -> list:
+    """One value per env: ``values`` itself if it is a list or tuple (of ``n_envs``), otherwise
+    ``values`` for every env (``set_attr``'s values, the options of a reset; as Gymnasium's
+    ``VectorEnv.set_attr``).
+
+    :raises ValueError: a list or tuple whose length is not ``n_envs``.
+    """
+    if not isinstance(values, (list, tuple)):
+        return [values] * n_envs
+    if len(values) != n_envs:
+        raise ValueError(f"{what.capitalize()} must be a list or tuple with length equal to the number of environments "
+                         f"(one entry per env), or one value (not a list) for all. Got `{len(values)}` {what} for "
+                         f"{n_envs} environments, expected one per env.")
+    return list(values)
+
+
+def env_indices(indices: Any, n_envs: int) -> list[int]:
+    """SB3's ``VecEnv._get_indices`` as a list: None (every env), an int, or an iterable of ints."""
+    if indices is None:
+        return list(range(n_envs))
+    if isinstance(indices, int):
+        return [indices]
+    return list(indices)

@@ -1,4 +1,4 @@
-"""ShmEnvPool: an EnvPool-style asynchronous pool of Python envs on the ShmVecEnv engine.
+"""ShmEnvPool: an EnvPool-style asynchronous pool of Python envs, on the engine every face holds.
 
 ``num_envs`` envs, of which ``batch_size`` come back at a time::
 
@@ -27,42 +27,35 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from shmvec import _pool
 from shmvec import _protocol as P
-from shmvec._actions import batch_array, exact_integers
+from shmvec._actions import leaf_batch
 from shmvec._codec import load_result
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
 from shmvec._errors import InvalidActionError, ShmVecEnvError, SpaceError, WorkerTimeoutError
-from shmvec._layout import close_mapping, make_gather
-from shmvec._queue import IndexQueue, push_in_flight, release_in_flight, send_ids_valid
-from shmvec._rows import copy_actions
-from shmvec._segment import create_segment
-from shmvec._state import FORKED, record, serialized
-from shmvec.shm_vector_env import (
+from shmvec._frontend import (
     ENGINE_OPTIONS,
-    checked_env_fns,
+    InfoBatch,
+    by_env_id,
+    checked_send_ids,
     env_render_mode,
     gym_engine,
-    gym_vector_seeds,
-    per_env_values,
     refuse_unknown_keywords,
     usable_engine,
 )
+from shmvec._layout import close_mapping, make_gather
+from shmvec._queue import IndexQueue, push_in_flight, release_in_flight
+from shmvec._rows import copy_actions
+from shmvec._seeds import gym_vector_seeds, per_env_values
+from shmvec._segment import create_segment
+from shmvec._state import FORKED, record, serialized
+from shmvec.factories import factory_list
 
 _CLOSE_S = 5.0
-
-
-class InfoBatch:
-    """Stands in for a VectorEnv of ``batch_size`` envs so that Gymnasium's own ``_add_info`` builds the infos."""
-
-    def __init__(self, n: int) -> None:
-        self.num_envs = n
-
-    _add_info = VectorEnv._add_info
 
 
 class _PoolResources:
@@ -96,40 +89,6 @@ class _PoolResources:
             close_mapping(self.shm)
 
 
-def by_env_id(exc: InvalidActionError, ids: np.ndarray) -> InvalidActionError:
-    """``exc`` (raised for rows of a ``send``'s actions) naming env ``ids[row]`` instead of the rows."""
-    env_ids = [int(ids[r]) for r in exc.env_indices]
-    return InvalidActionError(f"{exc} (rows {list(exc.env_indices)} of this send(): env ids {env_ids})", env_ids)
-
-
-def checked_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray) -> np.ndarray:
-    """``env_ids`` of a ``send`` as int64 indices (None: every env), checked once here.
-
-    :raises ValueError: an id that is not an integer, out of ``[0, num_envs)``, repeated, or of an
-        env in flight already.
-    """
-    if env_ids is None:
-        ids = np.arange(num_envs, dtype=np.int64)
-    else:
-        ids = np.asarray(env_ids)
-        if ids.ndim > 1:
-            raise ValueError(f"env_ids must be a 1-D sequence of env indices, got shape {ids.shape}")
-        ids = ids.reshape(-1)
-        if ids.size and ids.dtype.kind not in "iu":  # 0.7 or "3" truncated, a bool mask read as 0/1
-            raise ValueError(f"env_ids must be integers, got {ids.tolist()} ({ids.dtype})")
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-    if send_ids_valid(in_flight.view(np.uint8), ids):  # the usual case, in one C pass
-        return ids
-    if ids.size and (ids.min() < 0 or ids.max() >= num_envs):
-        raise ValueError(f"env_ids must be in [0, {num_envs}), got {ids.tolist()}")
-    if np.unique(ids).size != ids.size:
-        raise ValueError(f"env_ids must be distinct, got {ids.tolist()}")
-    busy = ids[in_flight[ids]]
-    if busy.size:
-        raise ValueError(f"envs {busy.tolist()} are in flight already (sent and not received yet): recv() them first")
-    return ids
-
-
 def write_action_rows(engine: Engine, actions: Any, ids: np.ndarray) -> None:
     """Writes row k of ``actions`` as env ``ids[k]``'s action, checked as ``send`` promises: the
     batched form, or one action per env id (a list of dicts for a Dict space), as ShmVecEnv."""
@@ -137,13 +96,7 @@ def write_action_rows(engine: Engine, actions: Any, ids: np.ndarray) -> None:
     # the caller) would keep the mapping open after close().
     writer = engine.actions
     for leaf, value in zip(writer.leaves, writer.leaf_values(actions, ids.size, "env ids")):
-        arr = batch_array(value, leaf, ids.size, "env ids")
-        if arr.dtype != leaf.dtype and (leaf.dtype.kind in "iu" or not np.can_cast(arr.dtype, leaf.dtype, "same_kind")):
-            exact = exact_integers(arr, leaf.dtype)  # as ShmVecEnv: whole floats, integers that fit
-            if exact is None:
-                where = "".join(f"[{k!r}]" for k in leaf.path)
-                raise ValueError(f"actions{where} have dtype {arr.dtype}, which does not cast safely to {leaf.dtype}")
-            arr = exact
+        arr = leaf_batch(value, leaf, ids.size, "env ids")  # as ShmVecEnv: one row per id, cast exactly
         check = writer.checks.get(leaf.path)
         fast = writer.fast.get(leaf.path)
         if check is not None and (fast is None or not copy_actions(arr, np.empty_like(arr), *fast)):
@@ -154,6 +107,7 @@ def write_action_rows(engine: Engine, actions: Any, ids: np.ndarray) -> None:
             except InvalidActionError as exc:
                 raise by_env_id(exc, ids) from None
         engine.views.act[leaf.path][ids] = arr.astype(leaf.dtype, copy=False)
+
 
 def check_late(engine: Engine, clock: _pool.SendClock | None, in_flight: np.ndarray, now: float) -> None:
     """:raises WorkerTimeoutError: an env in flight was sent more than ``timeout=`` before ``now``
@@ -242,10 +196,9 @@ class ShmEnvPool(Uncopyable):
         spin_us: float | tuple[float, float] | None = None,
         **engine_kwargs: Any,
     ) -> None:
-        checked_env_fns(env_fns, type(self).__name__, batch_size)
+        env_fns = factory_list(env_fns, type(self).__name__, batch_size)
         # (Results are always copies: no copy=, no zero_copy=.)
         refuse_unknown_keywords(type(self), engine_kwargs, ENGINE_OPTIONS - {"copy", "zero_copy"})
-        env_fns = list(env_fns)
         mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
         if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
             raise ValueError(f"ShmEnvPool supports NEXT_STEP and SAME_STEP autoreset, not {mode}")
@@ -326,12 +279,7 @@ class ShmEnvPool(Uncopyable):
         """
         engine = self._usable()
         seeds = gym_vector_seeds(seed, self.num_envs)
-        if isinstance(options, (list, tuple)):
-            if len(options) != self.num_envs:
-                raise ValueError(f"options is a list of {len(options)}; expected one per env ({self.num_envs})")
-            per_env = list(options)
-        else:
-            per_env = [options] * self.num_envs
+        per_env = per_env_values(options, self.num_envs, "options")
         self._stop()
         while self._out_q.try_pop() is not None:  # results nobody will receive
             pass

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.envs.registration import EnvSpec, WrapperSpec
 
 from shmvec._errors import ShmVecEnvError
@@ -382,9 +383,10 @@ def _ref_name(ref: Any) -> str:
 # Validation of env_fns, before any worker starts
 # ---------------------------------------------------------------------------------------------
 
-def _instance_message(where: str, obj: Any) -> str:
+def _instance_message(where: str, obj: Any, public_name: str | None = None) -> str:
+    got = f" ({public_name} got an env instance; it builds every env anew, in a worker)" if public_name else ""
     return (
-        f"{where} is a {type(obj).__name__} instance, not a factory: pass a callable that returns a new env "
+        f"{where} is a {type(obj).__name__} instance, not a factory{got}: pass a callable that returns a new env "
         "each time it is called, e.g. [lambda: gym.make('CartPole-v1')] * n or [shmvec.make_env('CartPole-v1')] * n "
         "-- not [env] * n (an env cannot be shared between workers)."
     )
@@ -395,27 +397,39 @@ def _packages(obj: Any) -> set[str]:
     return {str(getattr(c, "__module__", "")).split(".")[0] for c in type(obj).__mro__}
 
 
-def mistaken_env_hint(obj: Any, public_name: str) -> str | None:
+def _sb3_face(public_name: str) -> bool:
+    """Whether ``public_name`` is an SB3 ``VecEnv`` (its users build it with SB3's ``make_vec_env``)."""
+    return "VecEnv" in public_name
+
+
+def mistaken_env_hint(obj: Any, public_name: str, agents: bool = False) -> str | None:
     """What ``obj`` is and what to do instead, when it is often taken for a single Gymnasium env
     (or its factory): a PettingZoo env, a vector env, an env of the old ``gym`` package or of
-    dm_control; None otherwise.  Known by the modules of its class: nothing is imported."""
+    dm_control; None otherwise.  Known by the modules of its class: nothing is imported.
+
+    :param agents: ``public_name`` runs PettingZoo envs (``ShmMultiAgentVecEnv``, ``ShmParallelEnv``).
+    """
     packages = _packages(obj)
     name = type(obj).__name__
+    if "pettingzoo" in packages and agents:
+        return (f"a PettingZoo env instance ({name}), not a factory: {public_name} builds every env in a worker, "
+                "from callables that each return a new env, e.g. [lambda: simple_spread_v3.parallel_env()] * n_envs")
     if "pettingzoo" in packages:
         return (
-            f"a PettingZoo multi-agent env ({name}): {public_name} runs single-agent Gymnasium envs. For PettingZoo "
-            "ParallelEnvs use shmvec.ShmMultiAgentVecEnv(env_fns), one SB3 row per agent (docs/multi-agent.md). "
+            f"a PettingZoo multi-agent env ({name}): {public_name} runs single-agent Gymnasium envs. For a PettingZoo "
+            "env (a ParallelEnv, or an AEC env) use shmvec.ShmMultiAgentVecEnv(env_fns), one SB3 row per agent, or "
+            "shmvec.ShmParallelEnv(env_fns), PettingZoo's API over a batch of envs (docs/multi-agent.md). "
             "SuperSuit's way works too, a vector env of one single-agent env per agent: "
             "env = supersuit.pettingzoo_env_to_vec_env_v1(parallel_env); "
             "env = supersuit.concat_vec_envs_v1(env, n_copies, base_class='stable_baselines3') (an AEC env goes "
             "through pettingzoo.utils.conversions.aec_to_parallel first)."
         )
-    if isinstance(obj, gym.vector.VectorEnv) or ("stable_baselines3" in packages and hasattr(obj, "step_async")):
+    if _is_vector_env(obj, packages):
         n = getattr(obj, "num_envs", None)
         return (
             f"a vector env ({name}{f' of {n} envs' if isinstance(n, int) else ''}): {public_name} vectorizes single "
-            "envs itself. Pass factories that each build one env, e.g. [lambda: gym.make('CartPole-v1')] * n_envs "
-            "(for gymnasium.make_vec(id, n): shmvec.make_vec(id, n))."
+            "envs itself: it builds its own envs, in its workers. Pass factories that each build one env, e.g. "
+            "[lambda: gym.make('CartPole-v1')] * n_envs (for gymnasium.make_vec(id, n): shmvec.make_vec(id, n))."
         )
     if "gym" in packages:
         return (
@@ -429,6 +443,10 @@ def mistaken_env_hint(obj: Any, public_name: str) -> str | None:
             "(pip install shimmy): shimmy.DmControlCompatibilityV0(env)."
         )
     return None
+
+
+def _is_vector_env(obj: Any, packages: set[str]) -> bool:
+    return isinstance(obj, gym.vector.VectorEnv) or ("stable_baselines3" in packages and hasattr(obj, "step_async"))
 
 
 def not_an_env_error(where: str, obj: Any, public_name: str) -> TypeError:
@@ -449,15 +467,15 @@ def not_an_env_error(where: str, obj: Any, public_name: str) -> TypeError:
     )
 
 
-def _not_a_factory(where: str, obj: Any, public_name: str) -> str:
+def _not_a_factory(where: str, obj: Any, public_name: str, agents: bool = False) -> str:
     """Why ``obj``, found where a factory (or the list of them) was expected, is not one, in the user's words."""
     if isinstance(obj, gym.Env):
-        return _instance_message(where, obj)
-    hint = mistaken_env_hint(obj, public_name)
+        return _instance_message(where, obj, public_name)
+    hint = mistaken_env_hint(obj, public_name, agents)
     if hint is not None:
         return f"{where} is {hint}"
     if isinstance(obj, str):
-        whole = (f"SB3's make_vec_env({obj!r}, n_envs, vec_env_cls={public_name})" if "VecEnv" in public_name
+        whole = (f"SB3's make_vec_env({obj!r}, n_envs, vec_env_cls={public_name})" if _sb3_face(public_name)
                  else f"shmvec.make_vec({obj!r}, n_envs)")
         return (
             f"{where} is the string {obj!r}, not a factory: pass a callable that builds the env, e.g. "
@@ -466,57 +484,81 @@ def _not_a_factory(where: str, obj: Any, public_name: str) -> str:
     if isinstance(obj, numbers.Number):
         return (
             f"{where} is the number {obj!r}, not a factory: {public_name} takes one callable per env, "
-            "e.g. [lambda: gym.make('CartPole-v1')] * n_envs or [shmvec.make_env('CartPole-v1')] * n_envs."
+            + ("e.g. [lambda: simple_spread_v3.parallel_env()] * n_envs." if agents else
+               "e.g. [lambda: gym.make('CartPole-v1')] * n_envs or [shmvec.make_env('CartPole-v1')] * n_envs.")
         )
     return (
         f"{where} is {type(obj).__name__}, not a callable: pass callables that each return a new env, "
-        "e.g. [lambda: gym.make('CartPole-v1')] * n or [shmvec.make_env('CartPole-v1')] * n."
+        + ("e.g. [lambda: simple_spread_v3.parallel_env()] * n." if agents else
+           "e.g. [lambda: gym.make('CartPole-v1')] * n or [shmvec.make_env('CartPole-v1')] * n.")
     )
 
 
-def factory_list(env_fns: Any, public_name: str = "ShmVecEnv", second: Any = None) -> list:
-    """``env_fns`` as a list of factories, each checked (:func:`check_factories`).
+def factory_list(env_fns: Any, public_name: str = "ShmVecEnv", second: Any = None, agents: bool = False) -> list:
+    """``env_fns`` as a list of factories, each checked (:func:`check_factories`): every
+    front-end's one check of its first argument, before anything is built.
 
     :param second: the constructor's second positional argument, to recognise the order
-        ``Cls(n_envs, factory)`` (TorchRL's) in the error for a number.
-    :raises TypeError: ``env_fns`` is not a sequence of callables; the message says what was
-        passed and what to pass instead.
+        ``Cls(n_envs, factory)`` (TorchRL's ``ParallelEnv(num_workers, create_env_fn)``).
+    :param agents: the factories build PettingZoo envs (the multi-agent front-ends).
+    :raises TypeError: ``env_fns`` is not a sequence of callables (a number, one factory, an env,
+        a vector env, a PettingZoo env, an env id, ...); the message says what was passed and what
+        to write instead.
     :raises ValueError: ``env_fns`` is empty.
     """
-    def usage(n: Any = "n_envs") -> str:
-        whole = (f"SB3's make_vec_env(env_id, n_envs={n}, vec_env_cls={public_name})" if "VecEnv" in public_name
-                 else f"shmvec.make_vec(env_id, {n})")
-        return f"{public_name}([make_env] * {n}), or {whole}"
+    def whole(n: Any) -> str:
+        if agents:
+            return f"{public_name}([make_parallel_env] * {n})"
+        return (f"SB3's make_vec_env(env_id, n_envs={n}, vec_env_cls={public_name})" if _sb3_face(public_name)
+                else f"shmvec.make_vec(env_id, num_envs={n})")
 
-    if isinstance(env_fns, numbers.Number) and not isinstance(env_fns, bool):
-        order = ""
+    def usage(n: Any = "n_envs") -> str:
+        return f"{public_name}([make_env] * {n}), or {whole(n)}"
+
+    if isinstance(env_fns, numbers.Number) and not isinstance(env_fns, (bool, np.bool_)):
         if callable(second):
-            order = f" (the order of TorchRL's ParallelEnv(n, make_env); {public_name} takes the factories first)"
+            fn = getattr(second, "__name__", "")
+            fn = fn if fn.isidentifier() else "make_env"
+            write = f"{public_name}([{fn}] * {env_fns!r})"
+            write += f", or {whole(env_fns)}" if fn == "make_env" else f" (the usual form: {usage(env_fns)})"
+            raise TypeError(
+                f"env_fns is the number {env_fns!r}, followed by a factory: {public_name} takes a list of env "
+                f"factories, one per env, not (num_envs, factory) as TorchRL's ParallelEnv(n, make_env); "
+                f"{public_name} takes the factories first. Write {write}.")
         raise TypeError(
-            f"env_fns is the number {env_fns!r}, where {public_name} takes a list of env factories{order}: "
-            f"{usage(env_fns)}."
+            f"env_fns is the number {env_fns!r}: {public_name} takes a list of env factories, one per env, not a "
+            f"number ({env_fns!r}): {usage(env_fns)}."
         )
-    if isinstance(env_fns, (gym.Env, str)):
+    if isinstance(env_fns, str):
+        whole = (f"SB3's make_vec_env({env_fns!r}, n_envs, vec_env_cls={public_name})" if _sb3_face(public_name)
+                 else f"shmvec.make_vec({env_fns!r}, num_envs=n)")
+        raise TypeError(
+            f"env_fns is the string {env_fns!r}, an env id, where {public_name} takes a list of env factories: "
+            f"pass callables that build the env, e.g. [shmvec.make_env({env_fns!r})] * n_envs (or {whole}).")
+    if isinstance(env_fns, gym.Env):
         raise TypeError(_not_a_factory("env_fns", env_fns, public_name))
+    hint = mistaken_env_hint(env_fns, public_name, agents)
+    if hint is not None:
+        got = (f"{public_name} got a vector env where it takes a list of env factories: "
+               if _is_vector_env(env_fns, _packages(env_fns)) else "")
+        raise TypeError(f"{got}env_fns is {hint}")
     if callable(env_fns) or isinstance(env_fns, bytes):
         raise TypeError(f"env_fns must be a list of factories, got one {type(env_fns).__name__}: {usage()}.")
     try:
         out = list(env_fns)
     except TypeError:
-        hint = mistaken_env_hint(env_fns, public_name)
-        raise TypeError(f"env_fns is {hint}" if hint is not None else
-                        f"env_fns ({type(env_fns).__name__}) is not a list of factories: {usage()}.") from None
+        raise TypeError(f"env_fns ({type(env_fns).__name__}) is not a list of factories: {usage()}.") from None
     if not out:
         raise ValueError(f"{public_name} needs at least one env factory")
-    check_factories(out, public_name)
+    check_factories(out, public_name, agents)
     return out
 
 
-def check_factories(env_fns: Sequence[Any], public_name: str = "ShmVecEnv") -> None:
+def check_factories(env_fns: Sequence[Any], public_name: str = "ShmVecEnv", agents: bool = False) -> None:
     """Raises ``TypeError`` for an entry that is an env instance or not callable, saying what it is."""
     for i, fn in enumerate(env_fns):
         if isinstance(fn, gym.Env) or not callable(fn):
-            raise TypeError(_not_a_factory(f"env_fns[{i}]", fn, public_name))
+            raise TypeError(_not_a_factory(f"env_fns[{i}]", fn, public_name, agents))
 
 
 # ---------------------------------------------------------------------------------------------

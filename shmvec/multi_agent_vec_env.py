@@ -29,7 +29,7 @@ from shmvec._agents import agent_space
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
 from shmvec._errors import NoAsyncCallError
-from shmvec._seeds import per_env_seeds
+from shmvec._seeds import env_indices, per_env_seeds, per_env_values
 from shmvec._state import serialized
 from shmvec._masks import METHOD as MASKS_METHOD
 from shmvec._frontend import FLAG_KEYS, agent_step_values, agents_engine, obs_leaves, rendered_images, served_masks
@@ -251,11 +251,9 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
             engine.close()
 
     # ---- rare commands: by row, sent to the env that holds the row ------------------------------------
-    def _row_indices(self, indices: VecEnvIndices) -> Sequence[int]:
-        """SB3's ``_get_indices`` over rows: None (all), an int, or an iterable of ints."""
-        if indices is None:
-            return range(self.num_envs)
-        return [indices] if isinstance(indices, int) else list(indices)
+    def _row_indices(self, indices: VecEnvIndices) -> list[int]:
+        """SB3's ``indices`` over rows: None (all), an int, or an iterable of ints."""
+        return env_indices(indices, self.num_envs)
 
     def _env_indices(self, indices: VecEnvIndices) -> tuple[list[int], list[int]]:
         """(the rows, the envs holding them, each once in order of first appearance)."""
@@ -332,11 +330,4 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
     @serialized
     def set_options(self, options: list[dict] | dict | None = None) -> None:
         """Options of the next ``reset()``: one dict for every env, or a list with one per env."""
-        if options is None:
-            options = {}
-        if isinstance(options, dict):
-            self._env_options = [options] * self.n_envs
-        else:
-            if len(options) != self.n_envs:
-                raise ValueError(f"expected {self.n_envs} option dicts (one per env), got {len(options)}")
-            self._env_options = list(options)
+        self._env_options = per_env_values({} if options is None else options, self.n_envs, "options")

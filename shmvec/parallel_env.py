@@ -23,7 +23,7 @@ from shmvec._engine import Engine
 from shmvec._errors import AlreadyPendingCallError, SpaceError
 from shmvec._frontend import agent_step_values, agents_engine, obs_leaves, served_masks
 from shmvec._layout import Leaf
-from shmvec._seeds import per_env_seeds
+from shmvec._seeds import per_env_seeds, per_env_values
 from shmvec._state import serialized
 
 __all__ = ["ShmParallelEnv"]
@@ -144,11 +144,9 @@ class ShmParallelEnv(Uncopyable):
         engine = self._engine
         engine.check_usable()
         seeds, _ = per_env_seeds(seed, self.num_envs)
-        if options is None or isinstance(options, Mapping):
-            options = [dict(options or {})] * self.num_envs
-        elif len(options) != self.num_envs:
-            raise ValueError(f"expected {self.num_envs} option dicts (one per env), got {len(options)}")
-        results = engine.reset(seeds, list(options))
+        options = per_env_values(dict(options or {}) if options is None or isinstance(options, Mapping) else options,
+                                 self.num_envs, "options")
+        results = engine.reset(seeds, options)
         infos = self._new_infos(obs_leaves(engine)[("active",)])
         for items in results:
             for e, info in items:
@@ -280,10 +278,7 @@ class ShmParallelEnv(Uncopyable):
 
         :raises ValueError: a list whose length is not the number of envs.
         """
-        if not isinstance(values, (list, tuple)):
-            values = [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise ValueError(f"values must have one entry per env ({self.num_envs}), got {len(values)}")
+        values = per_env_values(values, self.num_envs)
         engine = self._usable("set_attr")
         for e, value in enumerate(values):
             engine.call(P.Call.ENV_METHOD, [e], ("set_env_attr", (name, value), {}))

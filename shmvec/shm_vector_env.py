@@ -10,10 +10,6 @@ buffers plus the sparse infos the workers sent) into Gymnasium's batched return 
 from __future__ import annotations
 
 import copy as _copy
-import difflib
-import inspect
-import numbers
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,128 +21,19 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space
 from shmvec import _protocol as P
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
-from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, NoAsyncCallError, ShmVecEnvError
-from shmvec._options import Options
+from shmvec._errors import AlreadyPendingCallError, NoAsyncCallError, ShmVecEnvError
+from shmvec._frontend import ENGINE_OPTIONS, env_render_mode, gym_engine, refuse_unknown_keywords, usable_engine
+from shmvec._seeds import gym_vector_seeds, per_env_values
 from shmvec._state import serialized
-from shmvec.factories import main_refs, provide_main
+from shmvec.factories import factory_list, main_refs, provide_main
 
 _WORKER_MODE = {
     AutoresetMode.NEXT_STEP: P.AUTORESET_NEXT_STEP,
     AutoresetMode.SAME_STEP: P.AUTORESET_SAME_STEP,
     AutoresetMode.DISABLED: P.AUTORESET_DISABLED,
 }
-# The engine options a user may pass by keyword (those of Options.build that the faces do not set themselves).
-ENGINE_OPTIONS = frozenset(inspect.signature(Options.build).parameters) - {"env_fns", "autoreset", "public_name",
-                                                                         "restartable"}
 # What AsyncVectorEnv's worker refuses to run through call(): they have methods of their own.
 _NOT_BY_CALL = ("reset", "step", "close")
-
-
-def usable_engine(owner: Any) -> Engine:
-    """``owner._engine`` (of ShmVectorEnv or ShmEnvPool) when it can take a call; raises otherwise."""
-    engine = owner._engine
-    if engine is None or owner.closed:
-        raise ClosedVecEnvError(f"this {type(owner).__name__} is closed; build a new one")
-    engine.check_usable()
-    return engine
-
-
-def per_env_values(values: Any, num_envs: int) -> list:
-    """set_attr's values of the Gymnasium-style faces: one per env (a list or tuple), or one for all."""
-    if not isinstance(values, (list, tuple)):
-        return [values] * num_envs
-    if len(values) != num_envs:
-        raise ValueError(f"{len(values)} values for {num_envs} envs")
-    return list(values)
-
-
-def gym_vector_seeds(seed: Any, num_envs: int) -> list:
-    """reset's ``seed`` of the Gymnasium-style faces as one seed (or None) per env: None (unseeded),
-    an int (env i gets ``seed + i``, as Gymnasium's vector envs) or a list of one per env."""
-    if seed is None:
-        return [None] * num_envs
-    if isinstance(seed, (int, np.integer)):
-        seeds = [int(seed) + i for i in range(num_envs)]
-    else:
-        seeds = list(seed)
-        if len(seeds) != num_envs:
-            raise ValueError(
-                f"If seeds are passed as a list the length must match num_envs={num_envs} but got length={len(seeds)}."
-            )
-    # Checked here, as each env's reset would (Gymnasium's np_random), so that a bad seed breaks
-    # nothing: raised in a worker, it would break the vector env.  numpy ints are taken as ints.
-    for i, s in enumerate(seeds):
-        if s is None:
-            continue
-        if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
-            raise gym.error.Error(f"Seed must be a python integer, actual type: {type(s)} (env {i})")
-        seeds[i] = s = int(s)
-        if s < 0:
-            raise gym.error.Error(f"Seed must be greater or equal to zero, actual value: {s} (env {i})")
-    return seeds
-
-
-def gym_engine(env_fns: Sequence[Callable[[], gym.Env]], autoreset: str, owner: str, **options: Any) -> Engine:
-    """An engine for the Gymnasium-style faces (ShmVectorEnv, the pools): a plain dict batch, no
-    SB3 (so no torch in the parent), no restarts, masks only through ``call``."""
-    options.setdefault("action_masks", False)  # Gymnasium's API has no env_method("action_masks") fast path
-    return Engine(env_fns, batch_dict=dict, autoreset=autoreset, public_name=owner, restartable=False, **options)
-
-
-def env_render_mode(engine: Engine) -> str | None:
-    """The envs' common ``render_mode`` (as SB3's ``VecEnv.__init__`` finds it), for the faces
-    that are not SB3's: a warning and None if the envs have none."""
-    try:
-        modes = engine.call(P.Call.GET_ATTR, None, ("render_mode",))
-    except AttributeError:
-        warnings.warn("The `render_mode` attribute is not defined in your environment. It will be set to None.")
-        modes = [None] * engine.num_envs
-    if not all(mode == modes[0] for mode in modes):
-        raise ValueError(f"render_mode should be the same for all environments, got {modes}")
-    return modes[0]
-
-
-# ---- the constructor's arguments, in the user's words ------------------------------------------------
-def refuse_unknown_keywords(owner: type, given: dict[str, Any], known: Any) -> None:
-    """Python's own TypeError for a keyword that neither ``owner.__init__`` nor the engine takes,
-    naming ``owner.__init__()`` (not the engine's function it would reach), with the nearest name."""
-    for name in given:
-        if name not in known:
-            names = sorted(set(known) | set(inspect.signature(owner.__init__).parameters) - {"self", "engine_kwargs"})
-            near = difflib.get_close_matches(name, names, n=1)
-            raise TypeError(f"{owner.__name__}.__init__() got an unexpected keyword argument {name!r}"
-                            + (f"; did you mean {near[0]!r}?" if near else ""))
-
-
-def checked_env_fns(env_fns: Any, owner: str, second: Any = None) -> None:
-    """A TypeError that says what to write when ``env_fns`` is not a list of factories: a number
-    (with a factory next to it: TorchRL's ``ParallelEnv(num_workers, create_env_fn)``), one factory,
-    an env, a vector env, a PettingZoo env (told by module name: pettingzoo is not imported), a string."""
-    packages = {cls.__module__.split(".")[0] for cls in type(env_fns).__mro__}
-    fix = f"{owner}([make_env] * n_envs)"
-    if isinstance(env_fns, numbers.Integral) and not isinstance(env_fns, (bool, np.bool_)):
-        if callable(second):
-            fn = getattr(second, "__name__", "")
-            fn = fn if fn.isidentifier() else "make_env"
-            raise TypeError(f"{owner}({env_fns}, {fn}): {owner} takes a list of env factories, one per env, not "
-                            f"(num_envs, factory) as TorchRL's ParallelEnv does. Write {owner}([{fn}] * {env_fns}).")
-        raise TypeError(f"{owner}'s first argument is a list of env factories, not a number ({env_fns}): write "
-                        f"{owner}([make_env] * {env_fns}), or shmvec.make_vec(env_id, num_envs={env_fns}).")
-    if isinstance(env_fns, VectorEnv) or "stable_baselines3" in packages:
-        raise TypeError(f"{owner} got a vector env ({type(env_fns).__name__}); it builds its own envs from factories, "
-                        f"one per env: pass those factories, {fix}.")
-    if "pettingzoo" in packages:
-        raise TypeError(f"{owner} got a PettingZoo env ({type(env_fns).__name__}): it runs single-agent Gymnasium "
-                        "envs, built by a list of factories. A multi-agent env is not supported; SuperSuit's "
-                        "pettingzoo_env_to_vec_env_v1 turns a ParallelEnv's agents into a vector env of their own.")
-    if isinstance(env_fns, gym.Env):
-        raise TypeError(f"{owner} got an env instance ({type(env_fns).__name__}); it takes factories that each "
-                        f"build a new env in a worker: {owner}([lambda: gym.make(env_id)] * n_envs).")
-    if isinstance(env_fns, (str, bytes)):
-        raise TypeError(f"{owner} takes a list of env factories, not an env id ({env_fns!r}): "
-                        f"shmvec.make_vec({env_fns!r}, num_envs=n), or {owner}([lambda: gym.make({env_fns!r})] * n).")
-    if callable(env_fns):
-        raise TypeError(f"{owner} takes a list of env factories, got one {type(env_fns).__name__}: {fix}.")
 
 
 def async_vector_args(num_envs: int, start_method: str | None, context: str | None, worker: Any,
@@ -291,7 +178,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         **engine_kwargs: Any,
     ) -> None:
         owner = type(self)
-        checked_env_fns(env_fns, owner.__name__, autoreset_mode)
+        env_fns = factory_list(env_fns, owner.__name__, autoreset_mode)
         refuse_unknown_keywords(owner, engine_kwargs, ENGINE_OPTIONS)
         if isinstance(autoreset_mode, (bool, np.bool_)):
             raise TypeError(f"{owner.__name__}'s second argument is autoreset_mode, not AsyncVectorEnv's shared_memory "
@@ -299,7 +186,6 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         self.autoreset_mode = (
             autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
         )
-        env_fns = list(env_fns)
         start_method, n_workers, mode = async_vector_args(
             len(env_fns), start_method, context, worker, observation_mode, max_concurrency, n_workers,
             engine_kwargs.get("envs_per_worker"))
@@ -544,14 +430,8 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
 
         :raises ValueError: a list or tuple whose length is not ``num_envs``.
         """
-        if not isinstance(values, (list, tuple)):
-            values = [values for _ in range(self.num_envs)]
-        if len(values) != self.num_envs:
-            raise ValueError(
-                "Values must be a list or tuple with length equal to the number of environments. "
-                f"Got `{len(values)}` values for {self.num_envs} environments."
-            )
-        self._usable("set_attr").call(P.Call.SET_WRAPPER_ATTR, None, (name, list(values)))
+        values = per_env_values(values, self.num_envs)
+        self._usable("set_attr").call(P.Call.SET_WRAPPER_ATTR, None, (name, values))
 
     @property
     def np_random_seed(self) -> tuple[int, ...]:

@@ -42,23 +42,9 @@ except ModuleNotFoundError as exc:
 
 from shmvec._copyguard import Uncopyable
 from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, NoAsyncCallError
+from shmvec._frontend import batch_rows
+from shmvec._seeds import env_indices, per_env_values
 from shmvec.env_pool import ShmEnvPool
-
-
-def _row(value: Any, k: int) -> Any:
-    if isinstance(value, dict):
-        return {key: _row(v, k) for key, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_row(v, k) for v in value)
-    return value[k]
-
-
-def _take(value: Any, order: np.ndarray) -> Any:
-    if isinstance(value, dict):
-        return {key: _take(v, order) for key, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_take(v, order) for v in value)
-    return value[order]
 
 
 class ShmVecEnvPool(Uncopyable, VecEnv):
@@ -122,9 +108,9 @@ class ShmVecEnvPool(Uncopyable, VecEnv):
     def set_options(self, options: list[dict] | dict | None = None) -> None:
         """Options for every env's next ``reset``: one dict for all, or a list of one per env of
         the pool (``pool_size``; with ``batch_size == pool_size`` that is one per row, as SB3's)."""
-        if isinstance(options, (list, tuple)) and len(options) != self.pool_size:
-            raise ValueError(f"options is a list of {len(options)}; expected one per env of the pool ({self.pool_size})")
-        self._pool_options = list(options) if isinstance(options, (list, tuple)) else options
+        if isinstance(options, (list, tuple)):
+            options = per_env_values(options, self.pool_size, "options")
+        self._pool_options = options
 
     def step_async(self, actions: np.ndarray) -> None:
         pool = self._usable()
@@ -245,16 +231,12 @@ class ShmVecEnvPool(Uncopyable, VecEnv):
         return self._pool
 
     def _pool_indices(self, indices: VecEnvIndices) -> list[int]:
-        if indices is None:
-            return list(range(self.pool_size))
-        if isinstance(indices, int):
-            return [indices]
-        return list(indices)
+        return env_indices(indices, self.pool_size)
 
     def _sorted(self, obs: Any, infos: dict) -> tuple[Any, np.ndarray, np.ndarray]:
         """The batch's rows sorted by env index: (obs, ids, order); changes nothing."""
         order = np.argsort(infos["env_id"], kind="stable")
-        obs = _take(obs, order)
+        obs = batch_rows(obs, order)
         if isinstance(obs, dict):
             obs = collections.OrderedDict(obs)  # as DummyVecEnv returns a Dict batch
         return obs, infos["env_id"][order], order
@@ -263,9 +245,9 @@ class ShmVecEnvPool(Uncopyable, VecEnv):
         """The rows just returned: the next step_async's envs, and a copy of their observations (what
         the caller does to the arrays it was handed must not change the ``pool_obs`` reported later)."""
         self._ids = ids
-        kept = _take(obs, np.arange(len(ids)))  # one copy of the batch (fancy indexing copies)
+        kept = batch_rows(obs, np.arange(len(ids)))  # one copy of the batch (fancy indexing copies)
         for k, i in enumerate(ids.tolist()):
-            self._last_obs[i] = _row(kept, k)
+            self._last_obs[i] = batch_rows(kept, k)
 
 
 class PoolReplayBuffer(ReplayBuffer):

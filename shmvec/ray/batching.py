@@ -5,7 +5,8 @@ actors' batches end to end:
 
 - actions: :func:`split_actions` checks the batch once (shape, dtype, invalid values) against
   the action space and cuts it into one part per slice, before any actor is sent anything;
-- observations: :func:`concatenator` joins the actors' parts, per leaf of the observation space;
+- observations: :func:`concatenator` joins the actors' parts, per leaf of the observation space
+  (rows of a batch are taken by :func:`shmvec._frontend.batch_rows`, as every face does);
 - infos of a step (RayShmVecEnv): only those that say more than ``{"TimeLimit.truncated":
   False}`` travel, with the reset infos of envs that finished, as one pickled list per actor
   (:func:`pack_step_infos` in the actor, :func:`merge_step_infos` in the driver);
@@ -23,11 +24,11 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from shmvec._actions import exact_integers, leaf_check, rows_reshaped
+from shmvec._actions import exact_cast, leaf_check, rows_reshaped
 from shmvec._pickling import dumps  # pickle, or cloudpickle for classes of __main__
 
-__all__ = ["PLAIN_INFO_KEY", "split_actions", "concatenator", "take_env", "rows", "head", "tail", "row_infos",
-           "pack_step_infos", "merge_step_infos", "pack_pool_rows", "unpack_pool_rows"]
+__all__ = ["PLAIN_INFO_KEY", "split_actions", "concatenator", "row_infos", "pack_step_infos", "merge_step_infos",
+           "pack_pool_rows", "unpack_pool_rows"]
 
 # An info that says nothing beyond this is not sent; the driver rebuilds it.
 PLAIN_INFO_KEY = "TimeLimit.truncated"
@@ -56,15 +57,8 @@ def split_actions(space: spaces.Space, actions: Any, n_envs: int, slices: list[r
         arr = reshaped
     # Checked here, before any actor is sent anything, as a local ShmVecEnv checks: whole floats
     # and integers that fit are taken for an integer space; narrowing never wraps.
-    dtype = space.dtype
-    if dtype is not None and arr.dtype != dtype and (dtype.kind in "iu"
-                                                     or not np.can_cast(arr.dtype, dtype, "same_kind")):
-        exact = exact_integers(arr, dtype)
-        if exact is None:
-            raise ValueError(f"actions{path} have dtype {arr.dtype}, which does not cast safely to {dtype} (floats or "
-                             "other integers are accepted for an integer space only when every value is a whole "
-                             "number that fits)")
-        arr = exact
+    if space.dtype is not None:
+        arr = exact_cast(arr, space.dtype, keys)
     check = leaf_check(space, keys, policy) if policy != "ignore" else None
     if check is not None:
         check(arr)  # InvalidActionError (global env indices) before any actor is sent anything
@@ -81,42 +75,6 @@ def concatenator(space: spaces.Space, top_dict: type = dict) -> Callable[[list],
         subs_t = [concatenator(sub) for sub in space.spaces]
         return lambda parts: tuple(f([p[j] for p in parts]) for j, f in enumerate(subs_t))
     return np.concatenate
-
-
-def take_env(batch: Any, i: int) -> Any:
-    """Env i's observation out of a batch (dicts and tuples of arrays included), as a copy."""
-    if isinstance(batch, dict):
-        return {key: take_env(value, i) for key, value in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(take_env(value, i) for value in batch)
-    return np.array(batch[i])
-
-
-def rows(value: Any, pos: np.ndarray) -> Any:
-    """Rows ``pos`` of a batch (dicts and tuples of arrays included), as arrays of their own."""
-    if isinstance(value, dict):
-        return {key: rows(v, pos) for key, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(rows(v, pos) for v in value)
-    return np.asarray(value)[pos]
-
-
-def head(value: Any, m: int) -> Any:
-    """The first ``m`` rows of a batch (dicts and tuples of arrays included)."""
-    if isinstance(value, dict):
-        return {key: head(v, m) for key, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(head(v, m) for v in value)
-    return value[:m]
-
-
-def tail(value: Any, m: int) -> Any:
-    """A batch without its first ``m`` rows (dicts and tuples of arrays included)."""
-    if isinstance(value, dict):
-        return {key: tail(v, m) for key, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(tail(v, m) for v in value)
-    return value[m:]
 
 
 def row_infos(infos: dict[str, Any], n: int) -> list[dict[str, Any]]:

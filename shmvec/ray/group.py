@@ -111,11 +111,8 @@ class ActorGroup(Uncopyable):
         self._broken = None  # first: read as a plain attribute (FirstFailure)
         self.owner = owner
         self.restarted = {}
-        env_fns = list(env_fns)
+        env_fns = F.factory_list(env_fns, owner)
         n_envs = len(env_fns)
-        if n_envs == 0:
-            raise ValueError(f"{owner} needs at least one env factory")
-        F.check_factories(env_fns, owner)
         if on_failure not in ON_FAILURE:
             raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {on_failure!r}")
         if timeout is not None and timeout <= 0:

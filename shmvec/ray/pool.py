@@ -71,11 +71,12 @@ from gymnasium.vector.utils import batch_space
 
 from shmvec._copyguard import Uncopyable
 from shmvec._errors import InvalidActionError, ShmVecEnvError
-from shmvec.env_pool import InfoBatch, by_env_id, checked_send_ids
-from shmvec.ray.batching import concatenator, head, rows, split_actions, tail, unpack_pool_rows
+from shmvec._frontend import InfoBatch, batch_rows, by_env_id, checked_send_ids
+from shmvec._seeds import gym_vector_seeds, per_env_values
+from shmvec.factories import factory_list
+from shmvec.ray.batching import concatenator, split_actions, unpack_pool_rows
 from shmvec.ray.failures import RayActorDiedError
 from shmvec.ray.group import ActorGroup, GroupState
-from shmvec.shm_vector_env import gym_vector_seeds, per_env_values
 from shmvec.vec_env_pool import ShmVecEnvPool
 
 __all__ = ["RayShmEnvPool", "RayShmVecEnvPool", "RayActorDiedError"]
@@ -129,7 +130,7 @@ class RayShmEnvPool(Uncopyable):
         timeout: float | None = None,
         start_timeout: float | None = 120.0,
     ) -> None:
-        env_fns = list(env_fns)
+        env_fns = factory_list(env_fns, type(self).__name__, batch_size)
         mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
         if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
             raise ValueError(f"RayShmEnvPool supports NEXT_STEP and SAME_STEP autoreset, not {mode}")
@@ -207,8 +208,7 @@ class RayShmEnvPool(Uncopyable):
         group = self._group
         group.check_usable()
         seeds = gym_vector_seeds(seed, self.num_envs)
-        if isinstance(options, (list, tuple)) and len(options) != self.num_envs:
-            raise ValueError(f"options is a list of {len(options)}; expected one per env ({self.num_envs})")
+        per_env_values(options, self.num_envs, "options")  # checked before anything is sent
         # Each reset queues behind its actor's outstanding calls; their results are dropped.
         self._arrived = []
         self._sends = []
@@ -248,7 +248,7 @@ class RayShmEnvPool(Uncopyable):
             pos = np.flatnonzero(owner == k)
             self._actor_in_flight[k] += pos.size
             recv = self._recv_refs[k] is None and self._actor_in_flight[k] >= self.actor_batch_sizes[k]
-            ref = group.actors[k].pool_send.remote(rows(actions_rows, pos), ids[pos] - starts[k], recv)
+            ref = group.actors[k].pool_send.remote(batch_rows(actions_rows, pos), ids[pos] - starts[k], recv)
             if recv:
                 self._recv_refs[k] = ref
             else:
@@ -428,8 +428,8 @@ class RayShmEnvPool(Uncopyable):
             if m == len(batch["ids"]):
                 parts.append(self._arrived.pop(0))
             else:
-                parts.append({key: head(value, m) for key, value in batch.items()})
-                self._arrived[0] = {key: tail(value, m) for key, value in batch.items()}
+                parts.append(batch_rows(batch, slice(None, m)))
+                self._arrived[0] = batch_rows(batch, slice(m, None))
             taken += m
         ids = np.concatenate([p["ids"] for p in parts])
         self._in_flight[ids] = False

@@ -41,10 +41,12 @@ except ModuleNotFoundError as exc:
 from shmvec._copyguard import Uncopyable
 from shmvec._describe import describe_env_fns, describe_vec_env, rebuild
 from shmvec._errors import AlreadyPendingCallError, NoAsyncCallError
+from shmvec._frontend import batch_rows
 from shmvec._layout import group_by_slice
 from shmvec._protocol import RESTART_INFO_KEY
 from shmvec._seeds import per_env_seeds
-from shmvec.ray.batching import PLAIN_INFO_KEY, concatenator, merge_step_infos, split_actions, take_env
+from shmvec.factories import factory_list
+from shmvec.ray.batching import PLAIN_INFO_KEY, concatenator, merge_step_infos, split_actions
 from shmvec.ray.group import ActorGroup, GroupState
 
 __all__ = ["RayShmVecEnv"]
@@ -136,7 +138,7 @@ class RayShmVecEnv(Uncopyable, VecEnv):
         # Views are safe here: Ray serializes a method's result as it returns, before the next
         # step can overwrite the buffers; the driver's concatenation makes arrays of its own.
         shm_kwargs.setdefault("copy", False)
-        env_fns = list(env_fns)
+        env_fns = factory_list(env_fns, type(self).__name__)
         self._descriptions = describe_env_fns(env_fns)
         self._seed_arg: Any = None
         self._options_arg: Any = None
@@ -396,7 +398,8 @@ class RayShmVecEnv(Uncopyable, VecEnv):
         """Actor k's step result for envs that were replaced (new ones, reset): truncated episodes."""
         n = len(self._group.slices[k])
         last = self._last_obs[k] if self._last_obs[k] is not None else obs  # stepped before any reset
-        extra = [(i, {PLAIN_INFO_KEY: True, "terminal_observation": take_env(last, i), RESTART_INFO_KEY: reason})
+        extra = [(i, {PLAIN_INFO_KEY: True, "terminal_observation": batch_rows(last, i, copy=True),
+                      RESTART_INFO_KEY: reason})
                  for i in range(n)]
         resets = [(i, info) for i, info in enumerate(reset_infos) if info]
         dtype = next((r[1].dtype for r in results if r is not None), np.dtype(np.float32))
