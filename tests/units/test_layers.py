@@ -12,6 +12,7 @@ The layers (docs/design.md, "Layers"), lowest first.
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,33 @@ def test_class_size():
             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 460:
                 big.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert not big, "classes to split:\n" + "\n".join(big)
+
+
+# The modules of the front-ends layer that hold the helpers two or more faces share (as SB3's base_vec_env.py).
+SHARED_FRONTEND = ["shmvec._frontend"]
+
+
+def _front_end_imports_of_others(module: str) -> list[str]:
+    """What ``module`` (a face's module) imports from another face's module, other than a face
+    class: the base class it subclasses, or the face it drives (``ShmVecEnvPool`` holds a
+    ``ShmEnvPool``), both exported by ``shmvec``.  Anything else (a helper function, a constant,
+    the module itself) belongs in a shared-helpers module."""
+    faces = set(dict(LAYERS)["front-ends"]) - set(SHARED_FRONTEND)
+    bad = []
+    for target, line, name in _imports(module):
+        target = _known(target)
+        if target == module or target not in faces:
+            continue
+        value = getattr(importlib.import_module(target), name, None) if name else None
+        if not (isinstance(value, type) and name in shmvec.__all__):
+            bad.append(f"{module}:{line} imports {name or 'the module'} from {target}")
+    return bad
+
+
+def test_front_ends_share_helpers_through_their_own_module():
+    """No face's module is another face's helper library: a helper two faces use lives in
+    SHARED_FRONTEND (so that ShmParallelEnv, say, does not import the SB3 faces' modules)."""
+    assert set(SHARED_FRONTEND) <= set(dict(LAYERS)["front-ends"])
+    bad = [line for module in dict(LAYERS)["front-ends"] if module not in SHARED_FRONTEND
+           for line in _front_end_imports_of_others(module)]
+    assert not bad, "helpers imported from another front-end's module (move them to SHARED_FRONTEND):\n" + "\n".join(bad)
