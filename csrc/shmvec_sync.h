@@ -1,6 +1,8 @@
 /*
- * shmvec_sync.h -- the only concurrency primitive of shmvec: 32-bit words in
+ * shmvec_sync.h -- the base concurrency primitive of shmvec: 32-bit words in
  * shared memory with explicit memory ordering, and a futex to sleep on them.
+ * The parent/worker protocol (shmvec/_protocol.py) runs on these words alone;
+ * the pool's queue (shmvec_queue.h) is built on them.
  *
  * Pure C11 + Linux syscalls; no Python.h.  Every function is safe to call
  * without the GIL (the Cython wrapper calls them inside `with nogil:`).

@@ -4,7 +4,9 @@ Each worker has a duplex pipe.  The parent sends on it the handshake, a posted c
 arguments that did not fit the mailbox (``ARG_IN_PIPE``), and the rare commands
 (``get_attr``, ``env_method``, ..., :class:`shmvec._protocol.Call`); a worker answers on it
 with an error, a result too large for its mailbox, or a rare command's answer
-(:class:`shmvec._protocol.Pipe` tags).  The protocol, "Rare commands", says in which order.
+(:class:`shmvec._protocol.Pipe` tags).  The protocol, "Rare commands", says in which order:
+a rare command is posted to each worker on the shared words (:meth:`shmvec._link.Link.post`,
+PIPE) before its message is sent here.
 
 Every wait here is bounded: it polls the pipe and the worker's process sentinel together, so a
 dead worker is noticed at once (``WorkerDiedError``), and past ``timeout`` a live one that does
@@ -36,10 +38,9 @@ CALL_HINT = "The vec env is still usable."
 class Channel:
     """The pipes of a :class:`~shmvec._workers.WorkerSet` (see the module docstring)."""
 
-    def __init__(self, workers: WorkerSet, status: Status, seqs: list[int], timeout: float | None) -> None:
+    def __init__(self, workers: WorkerSet, status: Status, timeout: float | None) -> None:
         self.workers = workers
         self.status = status
-        self.seqs = seqs  # the engine's CMD_SEQ counters (shared list)
         self.timeout = timeout  # raised for a while by the start and restarts (imports are slow)
 
     # ---- liveness -----------------------------------------------------------------------------
@@ -247,13 +248,10 @@ class Channel:
             raise
 
     def _send(self, call: RareCall) -> None:
-        words, seqs = self.workers.words, self.seqs
-        assert words is not None
+        links = self.workers.links
+        assert links is not None
         for w in call.workers:  # post, then send (protocol, "Rare commands")
-            seqs[w] = (seqs[w] + 1) & 0xFFFFFFFF
-            words.store(P.word(w, P.CMD), P.Cmd.PIPE)
-            words.store(P.word(w, P.CMD_SEQ), seqs[w])
-            words.wake(P.word(w, P.CMD_SEQ))
+            links[w].post(P.Cmd.PIPE)
             try:
                 self.send_bytes(w, call.messages[w], call.name)
             except (BrokenPipeError, ConnectionResetError):

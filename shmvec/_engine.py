@@ -6,15 +6,20 @@ its own:
 
 - :class:`shmvec._options.Options`: the checked constructor options;
 - :class:`shmvec._workers.WorkerSet`: processes, pipes, the shared block, deaths, release;
+- :class:`shmvec._link.Links`: the parent's end of the shared words, one link per worker (every
+  post, the wait on PENDING, every read of an answer; ``WorkerSet.links``);
 - :class:`shmvec._channel.Channel`: the pipes (handshakes, large arguments and results, rare commands);
-- :class:`shmvec._restarts.Restarts`: ``on_failure="restart"`` (absent otherwise);
+- :class:`shmvec._restarts.Restarts`: ``on_failure="restart"`` (absent otherwise), which sees the
+  engine through a :class:`shmvec._restarts.RestartHost`;
 - :class:`shmvec._state.Status`: the parent's single state (its diagram is there).
 
-The engine itself runs the shared-word protocol of :mod:`shmvec._protocol`: it posts a command
-to every worker (:meth:`post`), waits for PENDING to reach zero and reads each worker's result
-(:meth:`complete`), and leaves the observations, rewards and flags in :attr:`views` for the
-front-end to turn into its own return values.  It speaks no front-end's API: no SB3 infos, no
-Gymnasium batching, no seeds policy.
+The engine decides what a command does to that state: :meth:`post` has the links post a command
+to every worker (and decides what an interrupted post leaves: nothing sent, in flight, or broken),
+:meth:`complete` has them wait for PENDING to reach zero (checking every ``POLL_S`` that the
+workers are alive and in time) and read each worker's answer, and the observations, rewards and
+flags stay in :attr:`views` for the front-end to turn into its own return values.  The front-ends'
+own APIs are theirs (SB3's infos, Gymnasium's batching, the seeds policy); the engine holds only
+what they share, SB3's ``indices`` convention for rare calls among it (:meth:`indices`).
 
 Start-up: the workers are launched in parallel; handshake 1 gets each one's spaces (no env is
 ever built in the parent), the block is laid out (:mod:`shmvec._layout`) and created; handshake
@@ -41,11 +46,9 @@ import numpy as np
 from shmvec import _protocol as P
 from shmvec._actions import ActionWriter
 from shmvec._channel import Channel, RareCall
-from shmvec._codec import load_result
 from shmvec._errors import (
     AlreadyPendingCallError,
     NoAsyncCallError,
-    ShmVecEnvError,
     WorkerDiedError,
     WorkerStacks,
     WorkerTimeoutError,
@@ -57,18 +60,18 @@ from shmvec._errors import (
 from shmvec._describe import describe_env_fns
 from shmvec._layout import make_gather, scalar_float_box
 from shmvec._leases import Leases
+from shmvec._link import Links
 from shmvec._machine import start_forkserver
 from shmvec._options import Options
 from shmvec._pickled_leaves import pickled_leaves
 from shmvec._pickling import pickle_factories
 from shmvec._registrations import pack_registrations
-from shmvec._restarts import Restarts
+from shmvec._restarts import RestartHost, Restarts
 from shmvec._state import CALLING, COLLECTING, CONSUMED, DONE, IDLE, POSTED, RESETTING, Status, record
 from shmvec._threads import Decision, decide, release
 from shmvec._sync import current_cpu
 from shmvec._workers import BROKEN_HINT, CLOSE_JOIN_S, WorkerSet
 
-_ERROR = int(P.Status.ERROR)
 _STEP = int(P.Cmd.STEP)
 # Starting a worker imports its modules and builds its envs: a step-sized timeout is too short.
 START_TIMEOUT_FLOOR_S = 60.0
@@ -83,6 +86,7 @@ class Engine:
     # Class-level defaults: close() is safe on a half-built engine.
     status = Status.__new__(Status)  # CLOSED, with no failure (Status's class-level defaults)
     workers: WorkerSet | None = None
+    links: Links | None = None  # the parent's end of the control words (WorkerSet.links)
     restarts: Restarts | None = None
     views: Any = None
     step_actions: tuple | None = None  # the step's short way, when the spaces allow it
@@ -108,14 +112,13 @@ class Engine:
         self.n_workers = opts.n_workers
         self.timeout = opts.timeout
         self.owner = [w for w, sl in enumerate(self.slices) for _ in sl]  # env index -> its worker
-        self.seqs = [0] * opts.n_workers
         self.masks_live = opts.action_masks is True  # workers write masks (None: from the first ask)
         self._batch_dict = batch_dict  # a Dict observation batch: OrderedDict (SB3) or dict (Gymnasium)
         payloads = [pickle_factories(env_fns, sl) for sl in self.slices]
         self.registrations = pack_registrations(opts.start_method)  # the env ids a fresh worker lacks
         self.workers = workers = WorkerSet(opts, payloads, self.registrations.data)
         self._finalizer = weakref.finalize(self, workers.release)
-        self.channel = Channel(workers, status, self.seqs, max(opts.timeout, START_TIMEOUT_FLOOR_S)
+        self.channel = Channel(workers, status, max(opts.timeout, START_TIMEOUT_FLOOR_S)
                                if opts.timeout is not None else None)
         try:
             self._start(pickled_batch)  # pickled_batch: a tuple (Gymnasium), np.stack (SB3)
@@ -128,7 +131,7 @@ class Engine:
         finally:
             self.channel.timeout = opts.timeout
         if opts.restart:
-            self.restarts = Restarts(self)
+            self.restarts = Restarts(RestartHost.of(self))
         status.enter(IDLE)
         self.threads = decide(Decision(opts.parent_threads), self.n_workers, opts.public_name)
 
@@ -140,19 +143,18 @@ class Engine:
                                          self.observation_mode)
         self.env_observation_spaces = workers.observation_spaces
         obs_space, act_space = layout.observation_space, layout.action_space
-        self.words = workers.words
-        assert workers.shm is not None
+        self.links = links = workers.links
+        assert workers.shm is not None and links is not None
         self.layout, self.num_envs, self.masks_in_shm = layout, layout.n_envs, layout.mask_size > 0
         self.observation_space, self.action_space, self.metadata = obs_space, act_space, metadata
         views = self.views = workers.views = layout.views(workers.shm.buf)
-        self._cmd_words = [(P.word(w, P.CMD_SEQ), P.word(w, P.CMD), P.word(w, P.CMD_SLEEPERS)) for w in range(n)]
-        self._result_words = [(P.word(w, P.STATUS), P.word(w, P.RESULT_LEN)) for w in range(n)]
+        links.use_mailbox(views.mailbox)
         self.pickled = pickled = pickled_leaves(layout, views, self.slices, self.options.restart)  # None: plain
         self.obs_view = make_gather(obs_space, views.obs, copy=False, top_dict=self._batch_dict, batch=pickled_batch)
         self.obs_copy = make_gather(obs_space, views.obs, copy=True, top_dict=self._batch_dict, batch=pickled_batch)
         self.term_obs = make_gather(obs_space, views.term_obs, copy=True)
         self.actions = ActionWriter(act_space, layout.act_leaves, views.act, layout.n_envs,
-                                    self.options.invalid_actions, pickled and pickled.for_actions(views, self.words))
+                                    self.options.invalid_actions, pickled and pickled.for_actions(views, links.words))
         # The step's short way for the usual spaces: one observation leaf (a Box, Discrete, ...)
         # and one action leaf whose batch copy_actions checks and copies in one C call.
         single_obs = list(views.obs) == [()] and not layout.obs_pickled
@@ -285,65 +287,66 @@ class Engine:
             raise
         return results
 
-    # ---- the shared-word protocol ---------------------------------------------------------------------
+    # ---- the shared-word protocol (through the links: shmvec._link) ------------------------------
+    @property
+    def seqs(self) -> list[int]:
+        """Each worker's last CMD_SEQ (the links' own list)."""
+        return self.links.seqs
+
+    @property
+    def words(self) -> Any:
+        """The control words the links read and write (a test may stand a wrapper in for them)."""
+        return self.links.words
+
+    @words.setter
+    def words(self, words: Any) -> None:
+        self.links.words = words
+
     def arm_early_wake(self, cmd: P.Cmd) -> None:
         """Before a post: tells the workers on which core the parent will sleep (STEP only, and
         only when it does not spin), clears the early-wake flag (protocol, "Early wake"), and
         picks the block the observations go to (zero_copy)."""
-        words = self.words
-        cpu = current_cpu() if cmd == P.Cmd.STEP and self.options.parent_spin_s == 0.0 else -1
-        words.store(P.PARENT_CPU, cpu if cpu >= 0 else P.NO_CPU)
-        words.store(P.EARLY_WAKE, 0)
+        self.links.arm(current_cpu() if cmd == P.Cmd.STEP and self.options.parent_spin_s == 0.0 else -1)
         if self.leases is not None:  # where the observations go (block 0 without leases: never changes)
-            self.leases.pick(cmd, words)
+            self.leases.pick(cmd, self.links.words)
 
     def post(self, cmd: P.Cmd, skip: Any = ()) -> None:
         """Posts ``cmd`` to every worker but those in ``skip`` (protocol steps 1-3); a STEP enters POSTED."""
-        words, seqs = self.words, self.seqs
         code = int(cmd)
-        posted = 0  # workers whose CMD_SEQ may have changed (counted before the change)
+        targets = [w for w in range(self.n_workers) if w not in skip] if skip else None  # None: all
+        begun = self.links.begun
         all_posted = False
         try:
             self.arm_early_wake(cmd)
-            words.store(P.PENDING, self.n_workers - len(skip))
-            for w, (seq_word, cmd_word, _) in enumerate(self._cmd_words):
-                if w not in skip:
-                    posted += 1
-                    seqs[w] = seq = (seqs[w] + 1) & 0xFFFFFFFF
-                    words.store(cmd_word, code)
-                    words.store(seq_word, seq)
-            all_posted = True
+            all_posted = self.links.post(code, targets)
             if code == _STEP:  # here, not in the caller: a Ctrl-C may land as post() returns
                 self.threads.posting()  # the parent's gap since the last step (shmvec._threads)
                 self.done_step = None
                 self.status.poster = get_ident()
                 self.status.enter(POSTED)
-            self._wake_posted(skip)
+            self._wake_posted(targets)
         except BaseException as exc:
             # Interrupted (Ctrl-C).  Before any worker had its command, nothing was sent (the
             # next post stores PENDING again).  Once every worker has a step, it is in flight:
-            # the sleepers are woken and step_wait() collects it.  Part way, some workers may
-            # run the command and nobody will wait for them; a next command would store PENDING
-            # under them and read stale results: the engine is broken.
+            # the sleepers are woken and step_wait() collects it.  Part way (the links began a
+            # post), some workers may run the command and nobody will wait for them; a next
+            # command would store PENDING under them and read stale results: the engine is broken.
             if all_posted and code == _STEP and self.status.failure is None:
                 if self.status.state is IDLE:
                     self.done_step = None
                     self.status.poster = get_ident()
                     self.status.enter(POSTED)
-                self._wake_posted(skip)
-            elif posted:
+                self._wake_posted(targets)
+            elif self.links.begun != begun:
                 self.status.fail(exc)
             elif self.leases is not None:  # posted to none: the last observations are where they were
                 self.leases.block = self.leases.previous
             raise
 
-    def _wake_posted(self, skip: Any) -> None:
+    def _wake_posted(self, targets: list[int] | None) -> None:
         # Wake the sleepers only once every worker has its command: a worker woken on this core
         # may take it at once, and the spinning workers must not wait for it to finish.
-        words = self.words
-        for w, (seq_word, _, sleepers_word) in enumerate(self._cmd_words):
-            if w not in skip:
-                words.wake_sleepers(seq_word, sleepers_word)
+        self.links.wake(targets)
 
     def complete(self, command: str, deadline_s: float | None = None, give_up_s: float | None = None) -> list[list]:
         """Waits for PENDING to reach 0, then collects each worker's items (or error).  Past ``give_up_s``,
@@ -367,66 +370,42 @@ class Engine:
             raise
 
     def _complete_or_raise(self, command: str, deadline_s: float | None, give_up_s: float | None = None) -> list[list]:
-        words, status = self.words, self.status
+        links, status = self.links, self.status
         limit = self.timeout if deadline_s is None else deadline_s
         since = time.monotonic()  # the timeout is real time: a loaded machine makes each poll longer
-        pending = words.load(P.PENDING)
-        spin = self.options.parent_spin_s
         poll = P.POLL_S if give_up_s is None else max(0.0, min(P.POLL_S, give_up_s))
-        while pending != 0:
-            if not spin and words.load(P.EARLY_WAKE):
-                spin = P.EARLY_SPIN_S  # the worker on this core is done and asleep: spin for the rest
-            value = words.wait_while(P.PENDING, pending, poll, spin, P.PARENT_SLEEPERS)
-            if value is not None:
-                pending = value
-                continue
+        while not links.wait(self.options.parent_spin_s, poll):  # every poll: are they alive, late?
             self.channel.check_alive(command)
             if limit is not None and time.monotonic() - since >= limit:
                 raise late_error(self, command, limit)
-            pending = words.load(P.PENDING)
-            if give_up_s is not None and pending != 0:
+            if give_up_s is not None and links.pending != 0:
                 left = give_up_s - (time.monotonic() - since)
                 if left <= 0:
                     raise gave_up(command, give_up_s)
                 poll = min(P.POLL_S, left)
         if status.state is POSTED:
             status.enter(COLLECTING)
-        results: list[list] = []
-        error: BaseException | None = None
-        for w, (status_word, result_word) in enumerate(self._result_words):
-            if words.load(status_word) == _ERROR:
-                self._consumed()
-                tag, packed = self.channel.recv_raw(w, command)
-                exc = unpack_exception(packed, BROKEN_HINT)
-                error = error or exc
-                results.append([])
-                continue
-            n = words.load(result_word)
-            results.append(self.read_result(w, n, command) if n else [])
-        if error is not None:
+        results, errors = links.collect(command, self.read_result)
+        if errors:
+            error = unpack_exception(errors[min(errors)], BROKEN_HINT)
             status.fail(error, first=False)
             try:
                 raise error
             finally:
-                error = exc = None  # a local holding it would hold this frame (and self) through its traceback
+                error = None  # a local holding it would hold this frame (and self) through its traceback
         return results if self.pickled is None else self.pickled.take_all(results)  # keeps the leaves' values
 
     def _consumed(self) -> None:
         if self.status.state is COLLECTING:
             self.status.enter(CONSUMED)  # a pipe message cannot be read twice
 
-    def read_result(self, w: int, n: int, command: str) -> list:
-        """Worker ``w``'s result message, ``n`` its RESULT_LEN: the mailbox's first ``n`` bytes (the
-        info codec or a pickle, told apart by ``load_result``), or a pickle in the pipe."""
-        try:
-            if n == P.RESULT_IN_PIPE:
-                self._consumed()
-                return pickle.loads(self.channel.recv_raw(w, command, raw_bytes=True))
-            return load_result(self.views.mailbox[w, :n]) if n else []
-        except Exception as exc:
-            if not isinstance(exc, ShmVecEnvError):  # (a dead worker, a timeout: they say it themselves)
-                explain_unloadable(exc, w, self.slices[w], command)
-            raise
+    def read_result(self, w: int, command: str) -> tuple[dict | None, list]:
+        """Worker ``w``'s answer (:meth:`shmvec._link.Link.reply`), read through its pipe when it
+        is there (the state CONSUMED first, during a step's collection)."""
+        link = self.links[w]
+        if link.by_pipe:
+            self._consumed()
+        return link.reply(command, self.channel.recv_raw)
 
     # ---- rare commands ---------------------------------------------------------------------------------
     def indices(self, indices: Any) -> Any:
@@ -542,18 +521,10 @@ def died_in_close(w: int, code: int | None, report: str, slices: Sequence[range]
     ), WorkerStacks.of(report, "when it died"))
 
 
-def explain_unloadable(exc: Exception, w: int, sl: range, command: str) -> None:
-    """Notes on ``exc`` why worker ``w``'s result (of its envs ``sl``) may not load here."""
-    exc.add_note(
-        f"shmvec: the {command} result of worker {w} ({envs_named(sl)}) was written there "
-        "but does not load in this process: an info holds an object only the worker can rebuild "
-        "(a CUDA tensor, a class the worker imported, a lock). Return plain data in infos. " + BROKEN_HINT)
-
-
 def late_error(engine: Engine, command: str, limit: float) -> BaseException:
     """WorkerTimeoutError for the workers that have not answered ``command``, recorded."""
-    words, workers = engine.words, engine.workers
-    late = [w for w in range(engine.n_workers) if words.load(P.word(w, P.DONE_SEQ)) != engine.seqs[w]]
+    workers = engine.workers
+    late = engine.links.late()
     envs = [i for w in late for i in engine.slices[w]]
     at = "".join(f"; worker {w}{where}" for w in late if (where := workers.in_env(w)))
     stacks = workers.stacks(late)
@@ -587,17 +558,13 @@ def write_reset_args(engine: Engine, seeds: list, options: list, mask: np.ndarra
     """Writes each worker's reset arguments (its envs' seeds, options and mask, pickled; nothing
     when none is given) into its mailbox and ARG_LEN word; returns those too large for the
     mailbox, to send through the pipe once RESET is posted (protocol, step 1)."""
-    # No local name for a view of the buffers here: the traceback of an exception raised
-    # below would keep the mapping (and its fd) alive after close().
-    mailbox_bytes = engine.layout.mailbox_bytes
-    restarts = engine.restarts
+    links, restarts = engine.links, engine.restarts
     in_pipe: dict[int, bytes] = {}
     for w, sl in enumerate(engine.slices):
         env_seeds = seeds[sl.start:sl.stop]
         env_options = options[sl.start:sl.stop]
         has_seeds = any(s is not None for s in env_seeds)
         has_options = any(bool(o) for o in env_options)
-        arg_len = 0
         data = b""
         if mask is not None:
             data = pickle.dumps((env_seeds if has_seeds else None, env_options if has_options else None,
@@ -605,13 +572,8 @@ def write_reset_args(engine: Engine, seeds: list, options: list, mask: np.ndarra
         elif has_seeds or has_options:
             data = pickle.dumps((env_seeds if has_seeds else None, env_options if has_options else None),
                                 protocol=5)
-        if mask is not None or has_seeds or has_options:
-            if len(data) >= mailbox_bytes:  # sent through the pipe once posted (protocol, step 1)
-                in_pipe[w], arg_len = data, P.ARG_IN_PIPE
-            else:
-                engine.views.mailbox[w, :len(data)] = np.frombuffer(data, dtype=np.uint8)
-                arg_len = len(data)
-        engine.words.store(P.word(w, P.ARG_LEN), arg_len)
+        if links[w].put_arg(data) is not None:  # sent through the pipe once posted (protocol, step 1)
+            in_pipe[w] = data
         if restarts is not None:  # a worker restarted during this reset gets the same seeds and options
-            restarts.reset_args[w] = data if arg_len else None
+            restarts.reset_args[w] = data or None
     return in_pipe

@@ -1,5 +1,9 @@
 """The parent/worker protocol of shmvec: shared words, command codes, timings.
 
+This module says what the words mean and in which order they are written; the parent's side of
+it is written once, in :mod:`shmvec._link` (every store the parent makes into the control words,
+every wait on PENDING, every read of a worker's answer), and the worker's in :mod:`shmvec._worker`.
+
 Shared-memory layout (one ``multiprocessing.shared_memory`` block per vec env,
 computed identically on both sides by :class:`shmvec._layout.Layout`)::
 
@@ -46,7 +50,7 @@ Between commands every worker is idle and the parent owns every buffer.
           5. steps its envs, writes observations (into block OBS_BLOCK), rewards,
              flags, terminal observations of its own slice; encodes (or pickles) the non-empty
              infos into mailbox w, RESULT_LEN[w] <- length (RESULT_IN_PIPE when
-             they do not fit); STATUS[w] <- OK or ERROR.  The exception (ERROR)
+             they do not fit); STATUS[w] <- Reply.OK or Reply.ERROR.  The exception (ERROR)
              or the infos too large for the mailbox are only kept for now
           6. DONE_SEQ[w] <- seq (release); old <- fetch_add(PENDING, -1)
              (seq_cst: releases step 5); if old == 1:
@@ -137,8 +141,8 @@ Autoreset modes (fixed per vec env, given to each worker at start)
   RESET argument, one bool per env of the worker's slice) has reset it.
 A RESET clears the worker's memory of ended envs for the envs it resets.
 
-Rare commands (get_attr, set_attr, env_method, render, is_wrapped)
--------------------------------------------------------------------
+Rare commands (every :class:`Call`: get_attr, env_method, render, ..., pool_attach)
+----------------------------------------------------------------------------------
 The parent pickles ``(name, args)`` for every worker it calls (an argument
 that does not pickle fails here, before anything is posted), then per worker:
 CMD[w] <- PIPE, bumps CMD_SEQ[w] and wakes it (a sleeping worker waits on the
@@ -260,7 +264,9 @@ class Cmd(enum.IntEnum):
     POOL = 5  # serve the asynchronous pool until STOP (shmvec._pool)
 
 
-class Status(enum.IntEnum):
+class Reply(enum.IntEnum):
+    """The values of a worker's STATUS word: how its last synchronous command ended."""
+
     OK = 0
     ERROR = 1
 

@@ -71,13 +71,14 @@ from shmvec._errors import BrokenVecEnvError, ClosedVecEnvError, ConcurrentCallE
 
 
 class FirstFailure:
-    """A data descriptor for a vec env's ``_broken``: stores what :func:`detached` gives.
+    """A data descriptor for :attr:`Status._broken` (the failure that broke the engine): stores
+    what :func:`detached` gives, a copy without the traceback.
 
     It has no ``__get__``: a read finds the value in the instance's ``__dict__``, as a plain
-    attribute (the step's short way reads it every step), so the owner's ``__init__`` must set
-    it (to None) before anything else; unset, a read gives this descriptor.  Raise the exception
-    you created, not ``self._broken`` read back: that is the copy, and raising it would give it
-    the traceback (and the cycle) the copy exists to avoid.
+    attribute, so the owner's ``__init__`` must set it (to None) before anything else; unset, a
+    read gives this descriptor (:attr:`Status.failure` reads the ``__dict__`` for that reason).
+    Raise the exception you created, not the stored copy read back: raising the copy would give
+    it the traceback (and the cycle) the copy exists to avoid.
     """
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -119,7 +120,7 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 }
 IN_FLIGHT = frozenset({POSTED, COLLECTING, CONSUMED, DONE})
 # What is in flight in each state that has something in flight (Gymnasium's names of the calls).
-PENDING = {**{state: "step" for state in IN_FLIGHT}, RESETTING: "reset", CALLING: "call"}
+IN_FLIGHT_CALL = {**{state: "step" for state in IN_FLIGHT}, RESETTING: "reset", CALLING: "call"}
 
 
 class Status:
@@ -175,7 +176,7 @@ class Status:
     @property
     def pending(self) -> str | None:
         """What is in flight: "step", "reset" (``reset_async``), "call" (``call_async``) or None."""
-        return PENDING.get(self.state)
+        return IN_FLIGHT_CALL.get(self.state)
 
     @property
     def starting(self) -> bool:

@@ -285,14 +285,14 @@ class _Worker:
     def _sync_command(self, seq: int, name: str, body: Any) -> None:
         words = self.words
         assert words is not None
-        status, result_len = P.Status.OK, 0
+        status, result_len = P.Reply.OK, 0
         # ENV_AT: the slice's first env; the step loops' write_obs moves it on, env by env.
         words.store(self._env_at, self.start)
         self.write_obs = self.obs_writers[words.load(P.OBS_BLOCK)]  # where this command's observations go
         try:
             result_len = self._put_result(body())
         except BaseException as exc:  # an env's sys.exit() too: the parent decides what it means
-            status, result_len = P.Status.ERROR, 0
+            status, result_len = P.Reply.ERROR, 0
             self.outbox = (P.Pipe.ERROR, pack_exception(exc, env_index=self.current, worker=self.index, command=name))
         if self._current is not None:
             self.current = None

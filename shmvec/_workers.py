@@ -1,11 +1,12 @@
 """The worker set: the engine's processes, pipes and shared block, and everything about their lives.
 
 It launches each worker (:func:`shmvec._worker.worker_main`) with its command pipe and its crash
-pipe (:mod:`shmvec._crash`), creates the shared block, notices dead workers through their
-process sentinels (never by hanging), turns a death into a ``WorkerDiedError`` that names the
-env the worker was in and carries its Python stack, and releases everything: politely (CLOSE
-posted on the shared words, then a bounded join), then SIGTERM, then SIGKILL, then the pipes and
-the block.
+pipe (:mod:`shmvec._crash`), creates the shared block and the links over its control words
+(:class:`shmvec._link.Links`, ``links``: the engine, the channel and the restarts post through
+them), notices dead workers through their process sentinels (never by hanging), turns a death
+into a ``WorkerDiedError`` that names the env the worker was in and carries its Python stack, and
+releases everything: politely (CLOSE posted through the links, then a bounded join), then
+SIGTERM, then SIGKILL, then the pipes and the block.
 
 It holds no reference to the engine, so ``weakref.finalize(engine, workers.release)`` frees
 everything when an engine is dropped without ``close()``; class-level defaults make
@@ -35,6 +36,7 @@ from shmvec import _protocol as P
 from shmvec._errors import ShmVecEnvError, SpaceError, WorkerDiedError, WorkerStacks, describe_exitcode, envs_named
 from shmvec._layout import Layout, check_same_spaces, close_mapping, same_shapes
 from shmvec._leases import lease_count, starting_workers
+from shmvec._link import BROKEN_HINT, Links
 from shmvec._lifeline import WorkerName
 from shmvec._machine import note_workers
 from shmvec._masks import resolve as resolve_masks
@@ -52,7 +54,6 @@ CLOSE_JOIN_S = 5.0
 TERMINATE_JOIN_S = 1.0
 # How long to wait to reap a worker whose sentinel says it is gone (for its exit code).
 DIED_JOIN_S = 1.0
-BROKEN_HINT = "The vec env cannot go on: call close() and build a new one."
 START_HINT = "The vec env was not built, and its workers were stopped: fix the cause and build it again."
 
 _LIVE: "weakref.WeakSet[WorkerSet]" = weakref.WeakSet()
@@ -91,6 +92,7 @@ class WorkerSet:
     shm: SharedMemory | None = None
     unlinked: bool = False
     words: Words | None = None
+    links: Links | None = None  # the parent's end of the control words, once the block exists
     views: Any = None
     released: bool = False
     died_in_close: list[tuple[int, int | None, str]] = []  # (worker, exit code, its crash report)
@@ -208,7 +210,8 @@ class WorkerSet:
         # Handshake 2: every worker attaches; then the name is unlinked, so no segment outlives us.
         # The words exist first: a worker that has attached serves them, and only a CLOSE posted
         # there reaches it if this is interrupted (on the pipe it would wait 5 s for SIGTERM).
-        self.words = Words(shm.buf, layout.ctrl_offset, layout.ctrl_words)
+        self.words = words = Words(shm.buf, layout.ctrl_offset, layout.ctrl_words)
+        self.links = Links(words, self.slices)
         self.ready = set()
         for conn in self.conns:
             conn.send((P.Pipe.ATTACH, (shm.name, layout.n_envs, n, opts.mailbox_bytes, mask_size, masks_live,
@@ -285,13 +288,9 @@ class WorkerSet:
 
     def env_of(self, w: int) -> int | None:
         """The env worker w is in by its ENV_AT word (shmvec._protocol: a hint), or None."""
-        if self.words is None:
+        if self.links is None or self.words is None:
             return None
-        try:
-            i = self.words.load(P.word(w, P.ENV_AT))
-        except ValueError:  # released
-            return None
-        return i if i in self.slices[w] else None
+        return self.links[w].env_at()
 
     def in_env(self, w: int) -> str:
         """", in env i" (``env_of``), or ""."""
@@ -313,21 +312,14 @@ class WorkerSet:
         return _crash.read_report(self.crash_conns[w]) if w < len(self.crash_conns) else ""
 
     # ---- stopping ---------------------------------------------------------------------------------
-    def post_close(self, w: int, seqs: list[int]) -> None:
-        """CLOSE to worker w on the shared words (``seqs``: the parent's CMD_SEQ counters)."""
-        words = self.words
-        assert words is not None
-        seqs[w] = (seqs[w] + 1) & 0xFFFFFFFF
-        words.store(P.word(w, P.CMD), P.Cmd.CLOSE)
-        words.store(P.word(w, P.CMD_SEQ), seqs[w])
-        words.wake(P.word(w, P.CMD_SEQ))
-
-    def stop(self, w: int, seqs: list[int], join_s: float) -> None:
+    def stop(self, w: int, join_s: float) -> None:
         """Stops worker w for a restart: a live one closes its envs (within ``join_s``), then SIGTERM,
         SIGKILL; its pipes are drained and closed, its process object closed."""
         proc, conn = self.processes[w], self.conns[w]
+        assert self.links is not None
+        link = self.links[w]
         if proc.is_alive():  # an env raised: let the worker close its envs, then insist
-            self.post_close(w, seqs)
+            link.post(P.Cmd.CLOSE)
             proc.join(join_s)
             if proc.is_alive():
                 proc.terminate()
@@ -344,9 +336,7 @@ class WorkerSet:
         conn.close()
         self.crash_conns[w].close()
         proc.close()
-        # A worker killed in its futex wait stays counted as a sleeper: the count starts afresh.
-        assert self.words is not None
-        self.words.store(P.word(w, P.CMD_SLEEPERS), 0)
+        link.forget_sleepers()  # (one killed in its futex wait stays counted as a sleeper)
 
     def unlink(self) -> None:
         if self.shm is not None and not self.unlinked:
@@ -383,12 +373,8 @@ class WorkerSet:
         return close_errors
 
     def _ask_to_exit(self, alive: list) -> None:
-        words = self.words
-        if words is not None:
-            for w, _ in alive:
-                words.store(P.word(w, P.CMD), P.Cmd.CLOSE)
-                words.fetch_add(P.word(w, P.CMD_SEQ), 1)
-                words.wake(P.word(w, P.CMD_SEQ))
+        if self.links is not None:
+            self.links.send(P.Cmd.CLOSE, [w for w, _ in alive])
         for w, _ in alive:
             if w not in self.ready:  # still in the handshake (interrupted there): tell them on the pipe
                 try:
@@ -434,6 +420,8 @@ class WorkerSet:
                 p.close()
             except (ValueError, AttributeError):  # closed already (a restart stopped it)
                 pass
+        if self.links is not None:
+            self.links.release()
         if self.words is not None:
             self.words.release()
         self.words = None

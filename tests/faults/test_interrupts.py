@@ -33,6 +33,7 @@ from helpers import assert_same, close_all
 
 from shmvec import AlreadyPendingCallError, BrokenVecEnvError, ShmVecEnv
 from shmvec._engine import Engine
+from shmvec._link import Link, Links
 from shmvec._state import State, Status
 
 
@@ -73,9 +74,10 @@ def interrupt_at(func: Callable, line: int, when: Callable[[Any], bool] = lambda
 
 
 _STEP_PATH = [ShmVecEnv.step, ShmVecEnv.step_async, ShmVecEnv.step_wait, Engine.post_step, Engine.post,
-              Engine._wake_posted, Status.enter,
-              ShmVecEnv._finish_step, Engine.complete_step, Engine.complete, Engine._complete_or_raise,
-              Engine._consumed, Engine.read_result, ShmVecEnv._step_results, Engine.finish_step]
+              Links.arm, Links.post, Engine._wake_posted, Links.wake, Status.enter,
+              ShmVecEnv._finish_step, Engine.complete_step, Engine.complete, Engine._complete_or_raise, Links.wait,
+              Links.collect, Engine._consumed, Engine.read_result, Link.reply, ShmVecEnv._step_results,
+              Engine.finish_step]
 
 
 def _interrupted(func: Callable, line: int, call: Callable[[], Any]) -> tuple[Any, bool]:
@@ -133,7 +135,8 @@ def test_a_ctrl_c_at_any_line_of_a_step_leaves_it_unsent_in_flight_or_broken_nev
                 continue
             if env._engine.status.failure is not None:
                 outcomes["broken"] += 1
-                assert func is Engine.post or env._engine.status._before is State.CONSUMED, f"broken by an interrupt at {where}"
+                assert func in (Engine.post, Links.post) or env._engine.status._before is State.CONSUMED, \
+                    f"broken by an interrupt at {where}"
                 with pytest.raises(BrokenVecEnvError, match="KeyboardInterrupt"):
                     env.step(act)
                 env.close()
@@ -180,7 +183,7 @@ def test_ppo_learns_again_after_a_ctrl_c_in_the_middle_of_a_step():
     try:
         model = PPO("MlpPolicy", env, n_steps=32, batch_size=64, n_epochs=1, seed=0)
         wait_lines = [line for line in _lines(Engine._complete_or_raise)
-                      if "wait_while" in _source_line(Engine._complete_or_raise, line)]
+                      if "links.wait(" in _source_line(Engine._complete_or_raise, line)]
         assert len(wait_lines) == 1
         tracer, fired = interrupt_at(Engine._complete_or_raise, wait_lines[0],
                                      when=lambda frame: frame.f_locals["command"] == "step")  # not learn()'s reset
@@ -277,8 +280,9 @@ def test_a_ctrl_c_at_any_line_of_a_vector_env_step_leaves_it_unsent_in_flight_or
         both_reset()
         for func, line, where in _every_line([
                 ShmVectorEnv.step, ShmVectorEnv.step_async, ShmVectorEnv.step_wait, ShmVectorEnv._step_return,
-                Engine.post_step, Engine.check_idle, Engine.post, Engine._wake_posted, Status.enter,
-                Engine.complete_step, Engine.complete, Engine._complete_or_raise, Engine.finish_step]):
+                Engine.post_step, Engine.check_idle, Engine.post, Links.post, Engine._wake_posted, Links.wake,
+                Status.enter, Engine.complete_step, Engine.complete, Engine._complete_or_raise, Links.wait,
+                Links.collect, Engine.finish_step]):
             act = rng.integers(0, 3, size=4)
             engine = env._engine
             seqs = list(engine.seqs)
@@ -289,7 +293,7 @@ def test_a_ctrl_c_at_any_line_of_a_vector_env_step_leaves_it_unsent_in_flight_or
                 continue
             if engine.status.failure is not None:
                 outcomes["broken"] += 1
-                assert func is Engine.post, f"broken by an interrupt at {where}"
+                assert func in (Engine.post, Links.post), f"broken by an interrupt at {where}"
                 env.close()
                 env = build()
                 both_reset()
@@ -338,8 +342,8 @@ def test_a_ctrl_c_at_any_line_of_reset_async_or_call_async_and_their_waits_never
     outcomes: Counter = Counter()
     if what == "reset":
         funcs = [ShmVectorEnv.reset_async, ShmVectorEnv.reset_wait, ShmVectorEnv._usable, ShmVectorEnv._waiting_for,
-                 Engine.reset, Engine.reset_wait, Engine.check_idle, Engine.post, Engine.complete,
-                 Engine._complete_or_raise, Status.enter]
+                 Engine.reset, Engine.reset_wait, Engine.check_idle, Engine.post, Links.post, Engine.complete,
+                 Engine._complete_or_raise, Links.wait, Links.collect, Status.enter]
         lost_at = {(Engine.reset_wait, "return results")}
     else:
         funcs = [ShmVectorEnv.call_async, ShmVectorEnv.call_wait, Engine.call_async, Engine.call_wait,
