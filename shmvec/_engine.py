@@ -137,7 +137,7 @@ class Engine:
 
     # ---- start-up -----------------------------------------------------------------------------------
     def _start(self, pickled_batch: Callable[[list], Any]) -> None:
-        workers, n = self.workers, self.n_workers
+        workers = self.workers
         assert workers is not None
         layout, metadata = workers.start(self.channel, self.masks_live, self.registrations.left_out,
                                          self.observation_mode)
@@ -174,7 +174,7 @@ class Engine:
         """Usable, and nothing in flight (else AlreadyPendingCallError: a step, reset_async or call_async)."""
         self.status.check_usable()
         if self.status.state is not IDLE:
-            raise pending_error(what, self.status.pending)
+            raise pending_error(what, self.status.in_flight_call)
 
     def obs_out(self, copy: bool = True) -> Any:
         """The observations of the last step or reset: arrays of the caller's own (a copy, or a

@@ -45,8 +45,8 @@ States (a step goes left to right; reset, rare calls and the pool start and end 
 - ``FORKED``: this is a copy in a child of ``os.fork()``: the workers and the block are the
   parent's.  Every call raises ``ForkedVecEnvError``; ``close()`` drops the child's mapping only.
 
-A step is "in flight" (``waiting``) in POSTED, COLLECTING, CONSUMED and DONE; ``pending`` names
-what is in flight in any state ("step", "reset", "call" or None).
+A step is "in flight" (``waiting``) in POSTED, COLLECTING, CONSUMED and DONE; ``in_flight_call``
+names what is in flight in any state ("step", "reset", "call" or None).
 
 Threads.  Every public call of a front-end runs under the engine's lock (:func:`serialized`), so
 calls from several threads are serialized, never interleaved: a second thread's ``step()``
@@ -174,7 +174,7 @@ class Status:
         return self.state in IN_FLIGHT
 
     @property
-    def pending(self) -> str | None:
+    def in_flight_call(self) -> str | None:
         """What is in flight: "step", "reset" (``reset_async``), "call" (``call_async``) or None."""
         return IN_FLIGHT_CALL.get(self.state)
 

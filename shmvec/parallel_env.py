@@ -188,7 +188,7 @@ class ShmParallelEnv(Uncopyable):
         ``reset()`` drops it (the engine's own message would point at ``step_wait()``)."""
         engine = self._engine
         engine.check_usable()
-        if engine.status.pending == "step":
+        if engine.status.in_flight_call == "step":
             raise AlreadyPendingCallError(
                 f"{what}() while a step is in flight (a step() interrupted by Ctrl-C, its results not returned): "
                 "call reset() (it finishes that step and drops it), or close()")

@@ -479,7 +479,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         ``finish_step`` (reset); anything else in flight raises AlreadyPendingCallError, in
         Gymnasium's words and then ours."""
         engine = usable_engine(self)
-        pending = engine.status.pending
+        pending = engine.status.in_flight_call
         if pending == "step" and finish_step:
             engine.complete_step()  # raises what the step raised (the env is then broken)
             if self.autoreset_mode == AutoresetMode.DISABLED:  # the envs that ended in it still need a reset
@@ -496,7 +496,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
     def _waiting_for(self, pending: str) -> Engine:
         """The engine, if ``pending`` ("step", "reset", "call") is in flight; NoAsyncCallError otherwise."""
         engine = usable_engine(self)
-        if engine.status.pending != pending:
+        if engine.status.in_flight_call != pending:
             raise NoAsyncCallError(f"Calling `{pending}_wait` without any prior call to `{pending}_async`.", pending)
         return engine
 

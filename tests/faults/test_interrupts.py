@@ -385,7 +385,7 @@ def test_a_ctrl_c_at_any_line_of_reset_async_or_call_async_and_their_waits_never
                 ref, env = SyncVectorEnv(fns), build()  # (the envs' counters start again)
                 both_reset()
                 continue
-            if engine.status.pending == what:
+            if engine.status.in_flight_call == what:
                 outcomes["in flight"] += 1
                 with pytest.raises(AlreadyPendingCallError, match=f"{what}_wait"):
                     env.step(np.zeros(4, dtype=np.int64))
@@ -397,7 +397,7 @@ def test_a_ctrl_c_at_any_line_of_reset_async_or_call_async_and_their_waits_never
                 reference(arg)
             else:
                 outcomes["not sent"] += 1
-            assert engine.status.pending is None, where
+            assert engine.status.in_flight_call is None, where
             assert_same(env.call("bump", 0), ref.call("bump", 0), f"the counters after an interrupt at {where}")
             both_reset()
             act = rng.integers(0, 3, size=4)
