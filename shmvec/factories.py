@@ -10,8 +10,9 @@ For :class:`shmvec.ShmVecEnv` and the other front-ends:
 
 - :func:`factory_list` and :func:`check_factories` refuse, before any worker starts, ``env_fns``
   that is not a list of callables (an env instance, a number, an id, a vector env, a PettingZoo
-  env), saying what was passed and what to pass; :func:`not_an_env_error` is a worker's error for
-  a factory that returned something else than a ``gymnasium.Env``;
+  env), saying what was passed and what to pass: every front-end (the Ray ones included) reads its
+  ``env_fns`` through :func:`factory_list`; :func:`not_an_env_error` is a worker's error for a
+  factory that returned something else than a ``gymnasium.Env``;
 - :func:`describe_factory` and :func:`factory_from_description` turn one factory into plain
   (JSON-serializable) data and back.  They live beside :class:`EnvFactory`, whose ``to_dict`` is
   one such description; :mod:`shmvec._describe`, above this module, describes a whole vec env
@@ -513,7 +514,7 @@ def factory_list(env_fns: Any, public_name: str = "ShmVecEnv", second: Any = Non
                 else f"shmvec.make_vec(env_id, num_envs={n})")
 
     def usage(n: Any = "n_envs") -> str:
-        return f"{public_name}([make_env] * {n}), or {whole(n)}"
+        return whole(n) if agents else f"{public_name}([make_env] * {n}), or {whole(n)}"
 
     if isinstance(env_fns, numbers.Number) and not isinstance(env_fns, (bool, np.bool_)):
         if callable(second):
@@ -530,11 +531,12 @@ def factory_list(env_fns: Any, public_name: str = "ShmVecEnv", second: Any = Non
             f"number ({env_fns!r}): {usage(env_fns)}."
         )
     if isinstance(env_fns, str):
-        whole = (f"SB3's make_vec_env({env_fns!r}, n_envs, vec_env_cls={public_name})" if _sb3_face(public_name)
-                 else f"shmvec.make_vec({env_fns!r}, num_envs=n)")
+        other = (f" (or SB3's make_vec_env({env_fns!r}, n_envs, vec_env_cls={public_name}))" if _sb3_face(public_name)
+                 else f" (or shmvec.make_vec({env_fns!r}, num_envs=n))")
         raise TypeError(
             f"env_fns is the string {env_fns!r}, an env id, where {public_name} takes a list of env factories: "
-            f"pass callables that build the env, e.g. [shmvec.make_env({env_fns!r})] * n_envs (or {whole}).")
+            f"pass callables that build the env, e.g. [shmvec.make_env({env_fns!r})] * n_envs"
+            f"{'' if agents else other}.")
     if isinstance(env_fns, gym.Env):
         raise TypeError(_not_a_factory("env_fns", env_fns, public_name))
     hint = mistaken_env_hint(env_fns, public_name, agents)

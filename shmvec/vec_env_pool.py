@@ -43,7 +43,7 @@ except ModuleNotFoundError as exc:
 from shmvec._copyguard import Uncopyable
 from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError, NoAsyncCallError
 from shmvec._frontend import batch_rows
-from shmvec._seeds import env_indices, per_env_values
+from shmvec._seeds import env_indices, per_env_seeds, per_env_values
 from shmvec.env_pool import ShmEnvPool
 
 
@@ -80,10 +80,8 @@ class ShmVecEnvPool(Uncopyable, VecEnv):
         self.metadata = dict(pool.metadata)
 
     def seed(self, seed: int | None = None) -> Sequence[None | int]:
-        """Seeds every env of the pool (env i gets ``seed + i``) at the next ``reset``."""
-        if seed is None:
-            seed = int(np.random.randint(0, np.iinfo(np.uint32).max, dtype=np.uint32))
-        self._pool_seeds = [seed + i for i in range(self.pool_size)]
+        """Seeds every env of the pool (env i gets ``seed + i``; None: a random ``seed``) at the next ``reset``."""
+        self._pool_seeds, _ = per_env_seeds(seed, self.pool_size)
         return self._pool_seeds
 
     def reset(self) -> VecEnvObs:
