@@ -18,7 +18,8 @@ here (the protocol, steps 1-3, 7 and 8 of :mod:`shmvec._protocol`):
 The sequence numbers are the links' own (:attr:`Links.seqs`, worker w's at ``seqs[w]``): the
 last CMD_SEQ the parent stored for each worker, which DONE_SEQ equals once that worker is done
 (:attr:`Link.done`).  Nothing else in the parent writes a control word, except OBS_BLOCK
-(:meth:`shmvec._leases.Leases.pick`, handed :attr:`Links.words`).
+(:meth:`shmvec._leases.Leases.pick`, handed :attr:`Links.words`) and, for action leaves without
+a fixed size, ARG_LEN (:class:`shmvec._actions.ActionWriter`, which writes their mailboxes itself).
 
 The links wait on and read shared memory only: a pipe read is the caller's function
 (``recv``, :meth:`shmvec._channel.Channel.recv_raw`, whose waits notice a dead worker), and what
@@ -88,8 +89,9 @@ class Links:
     def post(self, code: int, workers: Iterable[int] | None = None, count: bool = True) -> bool:
         """Steps 2-3a: PENDING <- how many workers are posted (with ``count``), then to each of
         ``workers`` (default all) CMD <- ``code`` and CMD_SEQ <- its next number (release).  Wakes
-        nobody (:meth:`wake`).  Returns True (``posted = links.post(...)``: no interrupt can land
-        between the return and the store); :attr:`begun` is counted before the first command."""
+        nobody (:meth:`wake`).  Returns True, for ``posted = links.post(...)``: the caller learns
+        in one line that every worker has its command.  :attr:`begun` is counted before the first
+        command: an interrupted caller compares it to tell "none posted" from "some may be"."""
         words, seqs = self.words, self.seqs
         rows = self._posts if workers is None else [self._posts[w] for w in workers]
         if count:
