@@ -40,6 +40,7 @@ from typing import Any, Callable
 import numpy as np
 from gymnasium import spaces
 
+from shmvec._containers import batched_form, children, is_keyed
 from shmvec._errors import InvalidActionError, InvalidActionWarning
 from shmvec._protocol import ARG_IN_PIPE, ARG_LEN, word
 from shmvec._rows import ACTIONS_COPY, ACTIONS_NO_NAN, ACTIONS_RANGE, copy_actions
@@ -235,10 +236,11 @@ def _shape_of(value: Any) -> tuple | None:
 
 def _could_be_batch(space: spaces.Space, value: Any, n_rows: int) -> bool:
     """Whether ``value`` could be the batch of ``n_rows`` values of ``space`` (one level deep)."""
-    if isinstance(space, spaces.Dict):
-        return isinstance(value, Mapping)
-    if isinstance(space, spaces.Tuple):
-        return isinstance(value, (tuple, list)) and len(value) == len(space.spaces)
+    kids = children(space)
+    if kids is not None:  # a container's batch: a mapping (keyed) or a sequence of its children's
+        if is_keyed(space):
+            return isinstance(value, Mapping)
+        return isinstance(value, (tuple, list)) and len(value) == len(kids)
     shape = _shape_of(value)
     return shape is not None and shape[:1] == (n_rows,) and _squeezed(shape[1:]) == _squeezed(space.shape or ())
 
@@ -254,23 +256,25 @@ def is_per_env(space: spaces.Space, actions: Any, n_rows: int) -> bool:
     batch of the first subspace (a pair of Discrete actions for two envs), a list is read as
     per-env actions and a tuple as the batched form (Gymnasium's batched Tuple value is a tuple).
     """
-    if isinstance(space, spaces.Dict):
-        return not isinstance(actions, Mapping) and hasattr(actions, "__len__")
-    if not isinstance(space, spaces.Tuple) or isinstance(actions, Mapping) or not hasattr(actions, "__len__"):
+    kids = children(space)
+    if kids is None:
         return False
-    n_subspaces = len(space.spaces)
+    if is_keyed(space):
+        return not isinstance(actions, Mapping) and hasattr(actions, "__len__")
+    if isinstance(actions, Mapping) or not hasattr(actions, "__len__"):
+        return False
+    n_subspaces = len(kids)
     if len(actions) != n_subspaces:
         return True
     if len(actions) != n_rows or n_rows == 0:
         return False
     first = actions[0]
     one_action = isinstance(first, (tuple, list)) and len(first) == n_subspaces
-    return one_action and (type(actions) is list or not _could_be_batch(space.spaces[0], first, n_rows))
+    return one_action and (type(actions) is list or not _could_be_batch(kids[0][1], first, n_rows))
 
 
 def _count_error(space: spaces.Space, n_actions: int, n_rows: int, rows: str) -> ValueError:
-    batched = ("a dict of batches, one per key" if isinstance(space, spaces.Dict)
-               else f"a tuple of {len(space.spaces)} batches, one per subspace")
+    batched = batched_form(space)
     return ValueError(
         f"got {n_actions} per-env actions for {n_rows} {rows}: pass one action per {rows[:-1]}, in a list of "
         f"{n_rows}, or the batched form ({batched})"
@@ -304,8 +308,10 @@ class ActionWriter:
         paths = [leaf.path for leaf in self.leaves]
         self.root = len(self.leaves) == 1 and paths[0] == ()  # the space is one leaf (a Box, Discrete, ...)
         # The usual batched form's type: a dict for a Dict space, a tuple for a Tuple space.
-        self.batch_type = dict if isinstance(action_space, spaces.Dict) else tuple
-        self.n_subspaces = len(action_space.spaces) if isinstance(action_space, spaces.Tuple) else 0
+        kids = children(action_space)
+        keyed = kids is not None and is_keyed(action_space)
+        self.batch_type = dict if keyed else tuple
+        self.n_subspaces = len(kids) if kids is not None and not keyed else 0
         self.checks = make_action_checks(action_space, paths, policy)
         self.fast = make_fast_copies(action_space, paths, policy)
         # One action leaf whose batch copy_actions checks and copies in one C call: (buffer, *args).

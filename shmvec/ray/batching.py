@@ -25,6 +25,7 @@ import numpy as np
 from gymnasium import spaces
 
 from shmvec._actions import exact_cast, leaf_check, rows_reshaped
+from shmvec._containers import assembler, children
 from shmvec._pickling import dumps  # pickle, or cloudpickle for classes of __main__
 
 __all__ = ["PLAIN_INFO_KEY", "split_actions", "concatenator", "row_infos", "pack_step_infos", "merge_step_infos",
@@ -37,14 +38,12 @@ PLAIN_INFO_KEY = "TimeLimit.truncated"
 def split_actions(space: spaces.Space, actions: Any, n_envs: int, slices: list[range], path: str = "",
                   policy: str = "ignore", keys: tuple = ()) -> list:
     """The actions of each actor's slice, per leaf of ``space``; checks shape and dtype once here."""
-    if isinstance(space, spaces.Dict):
-        per_key = {key: split_actions(sub, actions[key], n_envs, slices, f"{path}[{key!r}]", policy, (*keys, key))
-                   for key, sub in space.spaces.items()}
-        return [{key: parts[k] for key, parts in per_key.items()} for k in range(len(slices))]
-    if isinstance(space, spaces.Tuple):
-        per_item = [split_actions(sub, actions[j], n_envs, slices, f"{path}[{j}]", policy, (*keys, j))
-                    for j, sub in enumerate(space.spaces)]
-        return [tuple(parts[k] for parts in per_item) for k in range(len(slices))]
+    kids = children(space)
+    if kids is not None:  # a container (shmvec._containers): each actor's part, built of its children's
+        per_child = [split_actions(sub, actions[key], n_envs, slices, f"{path}[{key!r}]", policy, (*keys, key))
+                     for key, sub in kids]
+        build = assembler(space)
+        return [build([parts[k] for parts in per_child]) for k in range(len(slices))]
     arr = np.asarray(actions)
     shape = (n_envs, *(space.shape or ()))
     if arr.shape != shape:
@@ -68,12 +67,11 @@ def split_actions(space: spaces.Space, actions: Any, n_envs: int, slices: list[r
 def concatenator(space: spaces.Space, top_dict: type = dict) -> Callable[[list], Any]:
     """A function joining the actors' observations (in order) into one batch, per leaf of ``space``;
     a top-level ``Dict``'s batch is a ``top_dict`` (SB3's vec envs return an ``OrderedDict``)."""
-    if isinstance(space, spaces.Dict):
-        subs = {key: concatenator(sub) for key, sub in space.spaces.items()}
-        return lambda parts: top_dict((key, f([p[key] for p in parts])) for key, f in subs.items())
-    if isinstance(space, spaces.Tuple):
-        subs_t = [concatenator(sub) for sub in space.spaces]
-        return lambda parts: tuple(f([p[j] for p in parts]) for j, f in enumerate(subs_t))
+    kids = children(space)
+    if kids is not None:  # a container (shmvec._containers): its children's batches, joined, put together
+        subs = [(key, concatenator(sub)) for key, sub in kids]
+        build = assembler(space, top_dict)
+        return lambda parts: build([f([p[key] for p in parts]) for key, f in subs])
     return np.concatenate
 
 

@@ -57,7 +57,7 @@ def test_a_new_container_kind_is_one_registration_each():
     assert is_keyed(space)
 
 
-WALKER_MODULES = ["_layout.py", "_leases.py", "_restarts.py", "vec_env_pool.py",
+WALKER_MODULES = ["_layout.py", "_leases.py", "_actions.py", "_restarts.py", "vec_env_pool.py", "ray/batching.py",
                   ]
 
 
