@@ -135,7 +135,7 @@ def _stepper(index: int, k: int, start: int, count: int, shm_name: str, conn) ->
 
 
 def _serve_roundtrip(index: int, words: Words, envs: list, actions, seen: int) -> tuple[int, tuple[int, float]]:
-    """A ShmVecEnv worker's loop (shmvec._worker._Worker.serve) with a bare step body, until the
+    """A ShmVecEnv worker's loop (shmvec._worker.Worker.serve) with a bare step body, until the
     parent posts with the stop flag set; returns the last sequence number seen, (steps, seconds)."""
     seq_word, sleepers_word = _seq_word(index), _seq_word(index) + 1
     budget = DEFAULT_WORKER_SPIN_US * 1e-6

@@ -9,7 +9,7 @@ step.  Prints the medians of each interval (microseconds)::
     python bench/step_timeline.py --n-envs 8 --steps 5000 --spin-us 1000 1000
 
 A diagnostic, not a benchmark: the stamps cost about a microsecond each.  It wraps private
-methods (``_Worker._sync_command``, ``Engine._complete_or_raise``) and needs ``fork``, so
+methods (``Worker._sync_command``, ``Engine._complete_or_raise``) and needs ``fork``, so
 that the workers inherit the wrappers.  ``step`` is what SB3's loops call: ``ShmVecEnv.step``
 (its short way, or ``step_async`` + ``step_wait``).
 """
@@ -39,7 +39,7 @@ def _install(table: np.ndarray):
     """Wraps the four methods to stamp ``table``; returns the function that unwraps them."""
     rows = table.shape[0]
     clock = time.perf_counter
-    sync, step, complete = W._Worker._sync_command, S.ShmVecEnv.step, E.Engine._complete_or_raise
+    sync, step, complete = W.Worker._sync_command, S.ShmVecEnv.step, E.Engine._complete_or_raise
 
     def timed_sync(self, seq, name, body):
         row, col = seq % rows, WORKER0 + 2 * self.index
@@ -65,10 +65,10 @@ def _install(table: np.ndarray):
         return out
 
     def restore() -> None:
-        W._Worker._sync_command = sync
+        W.Worker._sync_command = sync
         S.ShmVecEnv.step, E.Engine._complete_or_raise = step, complete
 
-    W._Worker._sync_command = timed_sync
+    W.Worker._sync_command = timed_sync
     S.ShmVecEnv.step, E.Engine._complete_or_raise = timed_step, timed_complete
     return restore
 

@@ -1,8 +1,10 @@
 """The asynchronous env pool's shared memory and its worker side.
 
 The pool runs on the engine of :class:`shmvec.ShmVecEnv` (same workers, same
-observation/action/reward buffers, same command protocol) plus one more
-shared-memory segment, laid out by :class:`PoolLayout`::
+observation/action/reward buffers, same command protocol; a worker's :class:`PoolServer` reads
+and writes them through the worker's own views of the block, laid out from the same record as the
+parent's: :mod:`shmvec._startup_args`) plus one more shared-memory segment, laid out by
+:class:`PoolLayout`::
 
     out queue       IndexQueue (csrc/shmvec_queue.h): every worker pushes the
                     index of each env it finished stepping; the parent pops
@@ -63,7 +65,7 @@ import numpy as np
 
 from shmvec import _protocol as P
 from shmvec._codec import encode_infos
-from shmvec._layout import ALIGN, Layout, make_gather
+from shmvec._layout import ALIGN, make_gather
 from shmvec._pickling import dumps
 from shmvec._queue import IndexQueue, QUEUE_MAX_VALUE, queue_bytes, queue_capacity_for
 
@@ -150,8 +152,7 @@ class InfoTooLargeError(ValueError):
 class PoolServer:
     """Worker side of the pool: steps single envs as their indices arrive (see the module docstring)."""
 
-    def __init__(self, worker: Any, shm_name: str, slices: list[range], n_envs: int, n_workers: int,
-                 mailbox_bytes: int, info_bytes: int, spin: float) -> None:
+    def __init__(self, worker: Any, shm_name: str, slices: list[range], info_bytes: int, spin: float) -> None:
         from multiprocessing.shared_memory import SharedMemory
 
         self.worker = worker
@@ -167,15 +168,12 @@ class PoolServer:
         self.in_q = IndexQueue(buf, layout.in_offsets[w], layout.in_capacity[w], False)
         self.info_len, self.info_slots = layout.info_views(buf)
         self.finished_at = layout.finished_view(buf)
-        env = worker.envs[0]
-        main = Layout(env.observation_space, env.action_space, n_envs, n_workers, mailbox_bytes)
-        views = main.views(worker.shm.buf)
-        self.read_action = make_gather(env.action_space, views.act, copy=True)
-        self._views = views
+        # The actions through the worker's own views of the block (laid out from the Attach record
+        # of shmvec._startup_args, like the parent's): the pool lays out no block of its own.
+        self.read_action = make_gather(worker.envs[0].action_space, worker.views.act, copy=True)
 
     def detach(self) -> None:
         self.read_action = None  # type: ignore[assignment]
-        self._views = None
         self.info_len = self.info_slots = self.finished_at = None  # type: ignore[assignment]
         for q in (self.out_q, self.in_q):
             q.release()

@@ -3,8 +3,9 @@
 What users see (the truncation report, the warnings, ``max_restarts``, rare commands) is
 described once, in docs/failures.md.  The mechanism, owned by the engine (``engine.restarts``,
 absent with ``on_failure="raise"``), which it sees only through a :class:`RestartHost` (its
-parts, its facts, and two of its methods); it talks to the workers through their links
-(:mod:`shmvec._link`) like the engine:
+parts, its facts, one of them read at each restart, and one of its methods); it talks to the
+workers through their links (:mod:`shmvec._link`) like the engine, and starts and attaches a new
+worker through the worker set, with the records the first start used (:mod:`shmvec._startup_args`):
 
 1. :meth:`Restarts.complete` replaces the engine's raising wait for STEP and RESET: the other
    workers finish the command as usual, and the failed ones (dead by their sentinel, an env
@@ -35,7 +36,6 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from multiprocessing import reduction
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -84,16 +84,13 @@ class RestartHost:
     observation_spaces: list  # every env's: a rebuilt env must have the same
     action_space: Any
     arm: Callable[[P.Cmd], None]  # before a post: PARENT_CPU, EARLY_WAKE, the lease block (Engine.arm_early_wake)
-    attach: Callable[[], tuple]  # the attach message's sizes and flags, as the engine has them now
+    masks_live: Callable[[], bool]  # whether the workers write masks now (the engine's, read at each restart)
 
     @classmethod
     def of(cls, engine: Engine) -> RestartHost:
-        layout = engine.layout
         return cls(engine.slices, engine.timeout, engine.options.parent_spin_s, engine.options.max_restarts,
                    engine.status, engine.workers, engine.channel, engine.links, engine.env_observation_spaces,
-                   engine.action_space, engine.arm_early_wake,
-                   lambda: (layout.n_envs, engine.n_workers, layout.mailbox_bytes, layout.mask_size,
-                            engine.masks_live, layout.obs_blocks))
+                   engine.action_space, engine.arm_early_wake, lambda: engine.masks_live)
 
 
 class Restarts:
@@ -321,9 +318,7 @@ class Restarts:
             if mine != ours:
                 raise SpaceError(f"env {i} was rebuilt with {name} {mine}, the vec env has "
                                  f"{ours}: its factory must build envs with the same spaces every time.")
-        conn = h.workers.conns[w]
-        conn.send((P.Pipe.ATTACH_FD, h.attach()))
-        reduction.send_handle(conn, h.workers.block_fd(), h.workers.processes[w].pid)
+        h.workers.send_attach(w, h.masks_live(), by_fd=True)  # the block's descriptor: its name is unlinked
 
     def reset_restarted(self, workers: list[int], command: str) -> dict[int, dict]:
         """RESET to the given workers only (with the last reset's arguments for a failed reset)."""

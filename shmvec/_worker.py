@@ -1,146 +1,68 @@
-"""The worker process: builds a slice of the envs and serves the parent's commands.
+"""The worker process: serves the parent's commands on its slice of the envs.
 
-The protocol (who writes which word, in which order) is written down in
-:mod:`shmvec._protocol`.  This module imports nothing heavy: no SB3, no torch,
-unless the user's env factories import them.
+The protocol (who writes which word, in which order) is written down in :mod:`shmvec._protocol`.
+A worker is three modules:
+
+- this one: :func:`worker_main`, the process's life (its start-up record, the two handshakes,
+  ``serve``, closing), and :class:`Worker`, which maps the block and serves the commands posted
+  in the control words: STEP and RESET (the step loops, one per autoreset mode, with no Python
+  call per env beyond the env's own), POOL (:mod:`shmvec._pool`) and CLOSE;
+- :mod:`shmvec._worker_envs`: building the slice's envs and the spaces it reports (before the block exists);
+- :mod:`shmvec._worker_pipe`: its end of the pipe (every read of it, the parent watch) and the
+  rare commands that come through it.
+
+It starts from a :class:`shmvec._startup_args.WorkerStart` and attaches to the block from an
+:class:`shmvec._startup_args.Attach`, whose sizes lay out the block as the parent laid it out.
+These modules import nothing heavy: no SB3, no torch, unless the user's env factories import them.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import select
 import signal
-import sys
 import time
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
-import cloudpickle
 import gymnasium as gym
 
 from shmvec import _crash, _lifeline
 from shmvec import _protocol as P
 from shmvec._codec import encode_infos
+from shmvec._containers import assembler, children
 from shmvec._errors import ShmVecEnvError, pack_exception
-from shmvec._layout import Layout, check_same_spaces, close_mapping, make_gather, make_scatter
-from shmvec._masks import has_action_masks, write_mask
+from shmvec._layout import close_mapping, make_gather, make_scatter
+from shmvec._masks import write_mask
 from shmvec._pickled_leaves import WorkerLeaves
 from shmvec._pickling import dumps
-from shmvec._pool import PoolServer
 from shmvec._registrations import explain_not_found, register_missing
 from shmvec._rows import publish_step
 from shmvec._segment import FdSegment
+from shmvec._startup_args import Attach, WorkerStart
 from shmvec._sync import Words, current_cpu
-from shmvec.factories import not_an_env_error
-
-_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
-                "VECLIB_MAXIMUM_THREADS")
+from shmvec._worker_envs import build_envs, cap_threads, hello
+from shmvec._worker_pipe import ParentWatch, recv, recv_bytes_or_give_up, serve_rare, wait_readable
 
 
-class _ParentWatch:
-    """Tells whether the parent process is still alive (a pidfd where the kernel has them)."""
+class Worker:
+    """One worker's envs, its views of the block and its command loop (see the module docstring)."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.fd: int | None = None
-        try:
-            self.fd = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            self.fd = None
-
-    def alive(self) -> bool:
-        if self.fd is not None:
-            readable, _, _ = select.select([self.fd], [], [], 0)
-            return not readable
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
-def _cap_threads(n: int | None, after_envs: bool) -> None:
-    if n is None:
-        return
-    if not after_envs:
-        for var in _THREAD_VARS:
-            os.environ[var] = str(n)
-        return
-    try:
-        from threadpoolctl import threadpool_limits
-        threadpool_limits(n)
-    except Exception:  # threadpoolctl is best effort: a library it cannot drive keeps its threads
-        pass
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(n)
-
-
-def _is_wrapped(env: gym.Env, wrapper_class: type) -> bool:
-    while isinstance(env, gym.Wrapper):
-        if isinstance(env, wrapper_class):
-            return True
-        env = env.env
-    return False
-
-
-def _build_envs(env_fns_bytes: bytes, env_range: range, envs: list[gym.Env], at: list[int | None],
-                public_name: str = "ShmVecEnv") -> None:
-    """Builds the slice's envs into ``envs`` (what was built is there if it raises, for closing);
-    ``at[0]`` is the env being built or checked."""
-    env_fns = cloudpickle.loads(env_fns_bytes)
-    seen: dict[int, int] = {}
-    for i, fn in zip(env_range, env_fns):
-        at[0] = i
-        env = fn()
-        if not isinstance(env, gym.Env):
-            error = not_an_env_error(f"env_fns[{i}]", env, public_name)
-            if not isinstance(env, type) and callable(getattr(env, "close", None)):
-                try:  # a vector env's processes, a multi-agent env's simulator
-                    env.close()
-                except Exception:
-                    pass  # the error to report is that it is no gymnasium.Env
-            raise error
-        key = id(env.unwrapped)
-        if key in seen:
-            raise ValueError(
-                f"env_fns[{i}] returned the same env instance as env_fns[{seen[key]}]. Each factory must build a "
-                "new env (use gymnasium.make(...) inside it, not `lambda: env`)."
-            )
-        seen[key] = i
-        envs.append(env)
-    first = envs[0]
-    for i, env in zip(env_range, envs):
-        at[0] = i
-        # Observation spaces are checked by the parent, which gets every env's in the hello
-        # (ShmVectorEnv's observation_mode lets them differ in bounds), before any layout is built.
-        check_same_spaces(i, (first.observation_space, env.action_space), env_range.start,
-                          (first.observation_space, first.action_space))  # (the action space only)
-    at[0] = None
-
-
-class _Worker:
     leaves: WorkerLeaves | None = None  # values of the leaves without a fixed size (shmvec._pickled_leaves)
+    layout: Any = None  # the block's layout (shmvec._layout), once attached
+    views: Any = None  # the block's arrays by that layout, once attached
     last_obs: list | None = None  # zero_copy: each env's last observation as the env returned it
 
-    def __init__(self, index: int, env_range: range, envs: list[gym.Env], conn: Connection,
-                 parent: _ParentWatch, spin: float, autoreset: str = P.AUTORESET_SAME_STEP) -> None:
-        self.index = index
-        self.start, self.stop = env_range.start, env_range.stop
+    def __init__(self, args: WorkerStart, envs: list[gym.Env], conn: Connection, parent: ParentWatch) -> None:
+        self.index = index = args.index
+        self.start, self.stop = args.env_range.start, args.env_range.stop
         self.envs = envs
         self.conn = conn
         self.parent = parent
-        self.spin = spin
+        self.spin = args.spin
+        autoreset = args.autoreset
         self._current: int | None = None  # the env being worked on (``current``)
         self._env_at = P.word(index, P.ENV_AT)
         self.sleep_next = False  # this worker woke the parent early: sleep at once in the next wait
@@ -176,18 +98,17 @@ class _Worker:
             self.words.store(self._env_at, P.NO_ENV if i is None else i)
 
     # ---- set-up --------------------------------------------------------------------------------
-    def attach(self, shm_name: str | None, n_envs: int, n_workers: int, mailbox_bytes: int, mask_size: int = 0,
-               masks_on: bool = True, obs_blocks: int = 0, fd: int | None = None) -> None:
-        """Maps the block by name, or (a restarted worker: the name is gone) from the descriptor ``fd``."""
+    def attach(self, attach: Attach, fd: int | None = None) -> None:
+        """Maps the block by name, or (a restarted worker: the name is gone) from the descriptor
+        ``fd``, and lays it out from the record's sizes and this worker's own spaces."""
         env = self.envs[0]
-        self.shm = SharedMemory(name=shm_name) if fd is None else FdSegment(fd)
-        layout = Layout(env.observation_space, env.action_space, n_envs, n_workers, mailbox_bytes, mask_size,
-                        obs_blocks)
-        views = layout.views(self.shm.buf)
+        self.shm = SharedMemory(name=attach.shm_name) if fd is None else FdSegment(fd)
+        self.layout = layout = attach.sizes.layout(env.observation_space, env.action_space)
+        self.views = views = layout.views(self.shm.buf)  # (the pool reads its actions through them)
         self.masks = views.mask  # None unless the block has a mask buffer
-        self.masks_on = masks_on and self.masks is not None
+        self.masks_on = attach.masks_live and self.masks is not None
         self.words = Words(self.shm.buf, layout.ctrl_offset, layout.ctrl_words)
-        self.mailbox_bytes = mailbox_bytes
+        self.mailbox_bytes = layout.mailbox_bytes
         self.mailbox = memoryview(views.mailbox[self.index])
         self.rew, self.terminated, self.truncated = views.rew, views.terminated, views.truncated
         if layout.obs_pickled or layout.act_pickled:  # leaves without a fixed size: lists of values in views
@@ -197,15 +118,16 @@ class _Worker:
         act_slice = make_gather(env.action_space, views.act, copy=True, batch=list)
         own = slice(self.start, self.stop)
         n = self.stop - self.start
-        if isinstance(env.action_space, (gym.spaces.Dict, gym.spaces.Tuple)):
-            self.read_actions = lambda: _unbatch(env.action_space, act_slice(own), n)
+        split = unbatcher(env.action_space)  # None: not a container (shmvec._containers)
+        if split is not None:
+            self.read_actions = lambda: split(act_slice(own), n)
         else:
             self.read_actions = lambda: list(act_slice(own))
         # Each observation written sets ENV_AT to the next env: the env a step loop is in.  One
         # writer per observation block; each command's OBS_BLOCK word picks one (shmvec._leases).
         self.obs_writers = [make_scatter(env.observation_space, block, "observation", (self.words, self._env_at))
                             for block in views.obs_blocks]
-        if obs_blocks:  # zero_copy: the step and reset loops keep each env's last observation (shmvec._leases)
+        if layout.obs_blocks:  # zero_copy: the step and reset loops keep each env's last observation (shmvec._leases)
             self.last_obs = [None] * (self.stop - self.start)
         self.write_obs = self.obs_writers[0]
         self.write_term = make_scatter(env.observation_space, views.term_obs, "observation")
@@ -225,6 +147,7 @@ class _Worker:
             self.pool = None
         self.read_actions = self.write_obs = self.write_term = None  # type: ignore[assignment]
         self.obs_writers = []
+        self.views = None
         self.leaves = None
         self.rew = self.terminated = self.truncated = None  # type: ignore[assignment]
         self.masks = None
@@ -276,7 +199,7 @@ class _Worker:
             elif cmd == P.Cmd.POOL:
                 self._sync_command(seen, "pool", lambda seq=seen: self.pool.run(seq))
             elif cmd == P.Cmd.PIPE:
-                self._pipe_command(seen)
+                serve_rare(self, seen)  # shmvec._worker_pipe
             elif cmd == P.Cmd.CLOSE:
                 return
             else:
@@ -353,7 +276,7 @@ class _Worker:
         arg_len = self.words.load(P.word(self.index, P.ARG_LEN))
         if arg_len != P.ARG_IN_PIPE:
             return self.mailbox[:arg_len] if arg_len else None
-        data = _recv_bytes_or_give_up(self.conn, self.parent, give_up)
+        data = recv_bytes_or_give_up(self.conn, self.parent, give_up)
         if data is None:
             raise ShmVecEnvError(f"{what} abandoned: the parent stopped sending its arguments (interrupted)")
         return data
@@ -410,9 +333,9 @@ class _Worker:
                     self.rew[start + j], self.terminated[start + j], self.truncated[start + j] = values
                 self.current = None
         if self.masks_on:
-            self._write_masks(range(start, stop))
+            self.write_masks(range(start, stop))
 
-    def _write_masks(self, indices: Any) -> None:
+    def write_masks(self, indices: Any) -> None:
         """Each env's action_masks() into the mask buffer (after its step/reset, see shmvec._masks)."""
         for i in indices:
             self.current = i
@@ -479,75 +402,9 @@ class _Worker:
         self.current = None
         self.was_reset = True
         if self.masks_on:
-            self._write_masks(range(self.start, self.stop))
+            self.write_masks(range(self.start, self.stop))
         # With pickled observation leaves the result carries every env's values (shmvec._pickled_leaves).
         return items if self.leaves is None or not self.leaves.obs else self.leaves.message(items, None, None)
-
-    def _pipe_command(self, seq: int) -> None:
-        # Posted first, sent after (protocol, "Rare commands"): wait for the message, for the
-        # parent's death (a fork-inherited copy of its end keeps EOF from showing), and for a
-        # newer command (the parent was interrupted before it sent the message, and closes us).
-        words = self.words
-        assert words is not None
-        seq_word = P.word(self.index, P.CMD_SEQ)
-        data = _recv_bytes_or_give_up(self.conn, self.parent, lambda: words.load(seq_word) != seq)
-        if data is None:
-            return  # the serve loop takes the newer command (CLOSE)
-        name = None  # not known until unpickled: the parent fills it in
-        try:
-            name, args = pickle.loads(data)  # an argument that does not unpickle here is the answer
-            result = self._run_pipe_command(name, args)
-            self.conn.send_bytes(dumps((P.Pipe.OK, result)))
-        except BaseException as exc:  # an env's sys.exit() too: it is the answer, the worker stays
-            self.conn.send((P.Pipe.ERROR, pack_exception(exc, env_index=self.current, worker=self.index, command=name)))
-        self.current = None
-
-    def _run_pipe_command(self, name: str, args: tuple) -> Any:
-        indices = args[0]
-        out = []
-        for i in indices:
-            self.current = i
-            env = self.envs[i - self.start]
-            if name == P.Call.GET_ATTR:
-                out.append(env.get_wrapper_attr(args[1]))
-            elif name == P.Call.HAS_ATTR:
-                try:
-                    env.get_wrapper_attr(args[1])
-                    out.append(True)
-                except AttributeError:
-                    out.append(False)
-            elif name == P.Call.SET_ATTR:
-                setattr(env, args[1], args[2])
-                out.append(None)
-            elif name == P.Call.ENV_METHOD:
-                out.append(env.get_wrapper_attr(args[1])(*args[2], **args[3]))
-            elif name == P.Call.CALL:  # Gymnasium's VectorEnv.call: call it if callable, else return it
-                attr = env.get_wrapper_attr(args[1])
-                out.append(attr(*args[2], **args[3]) if callable(attr) else attr)
-            elif name == P.Call.SET_WRAPPER_ATTR:  # Gymnasium's VectorEnv.set_attr: {env index: value}
-                env.set_wrapper_attr(args[1], args[2][i])
-                out.append(None)
-            elif name == P.Call.IS_WRAPPED:
-                out.append(_is_wrapped(env, args[1]))
-            elif name == P.Call.RENDER:
-                out.append(env.render())
-            elif name == P.Call.ACTION_MASKS:  # the parent's first ask for masks: now, then after every step
-                if not self.masks_on and self.masks is not None:
-                    if self.was_reset:
-                        self._write_masks(range(self.start, self.stop))  # raises: still off, asked again
-                    self.masks_on = True
-                out.append(None)
-            elif name == P.Call.ACTION_MASKS_OFF:  # the first ask failed in another worker: all stay off
-                self.masks_on = False
-                out.append(None)
-            elif name == P.Call.POOL_ATTACH:  # once per worker: attach the pool's segment (shmvec._pool)
-                self.pool = PoolServer(self, *args[1:])
-                out.append(None)
-            else:
-                raise ShmVecEnvError(f"unknown command {name!r}")
-        if self.masks_on and self.was_reset and name in (P.Call.SET_ATTR, P.Call.ENV_METHOD):
-            self._write_masks(indices)  # the call may have changed what the envs allow
-        return out
 
     def close_envs(self) -> BaseException | None:
         first: BaseException | None = None
@@ -561,106 +418,48 @@ class _Worker:
         return first
 
 
-def _unbatch(space: gym.spaces.Space, batch: Any, n: int) -> list:
-    """Splits a batched Dict/Tuple value into n per-env values."""
-    if isinstance(space, gym.spaces.Dict):
-        parts = {key: _unbatch(sub, batch[key], n) for key, sub in space.spaces.items()}
-        return [{key: parts[key][j] for key in parts} for j in range(n)]
-    if isinstance(space, gym.spaces.Tuple):
-        parts_t = [_unbatch(sub, batch[k], n) for k, sub in enumerate(space.spaces)]
-        return [tuple(p[j] for p in parts_t) for j in range(n)]
-    return list(batch)
-
-
-def _wait_readable(conn: Connection, parent: _ParentWatch, give_up: Any = None,
-                   poll_s: float = P.PARENT_POLL_S) -> bool:
-    """Waits until ``conn`` has data: True; False as soon as ``give_up()`` is true.  Raises
-    EOFError when the parent dies (fork copies of its end make EOF on the pipe unreliable)."""
-    while not conn.poll(poll_s):
-        if give_up is not None and give_up():
-            return False
-        if not parent.alive():
-            raise EOFError("parent process died")
-    return True
-
-
-def _recv_bytes_or_give_up(conn: Connection, parent: _ParentWatch, give_up: Any,
-                           poll_s: float = P.PIPE_WAIT_POLL_S) -> bytes | None:
-    """``conn.recv_bytes()`` read in pieces, checking ``give_up()`` while the message has not
-    begun *and* between its pieces: None once it is true.
-
-    A parent interrupted (Ctrl-C) in the middle of ``send_bytes()`` leaves half a message in the
-    pipe and then posts CLOSE; a plain ``recv_bytes()`` would wait for the other half forever (the
-    parent waited 5 s, then sent SIGTERM, and the envs' ``close()`` never ran).  The pipe is not
-    read again after giving up: the worker closes.  Framing as ``Connection._send_bytes`` writes
-    it: a 4-byte big-endian signed length, or -1 and an 8-byte length above 2 GiB.
-    """
-    fd = conn.fileno()
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    timeout_ms = max(1, int(poll_s * 1000))
-
-    def read(n: int) -> bytes | None:
-        chunks, left = [], n
-        while left:
-            while not poller.poll(timeout_ms):
-                if give_up():
-                    return None
-                if not parent.alive():
-                    raise EOFError("parent process died")
-            chunk = os.read(fd, min(left, 1 << 22))
-            if not chunk:
-                raise EOFError("the parent closed its end of the pipe")
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks) if len(chunks) != 1 else chunks[0]
-
-    header = read(4)
-    if header is None:
+def unbatcher(space: gym.spaces.Space) -> Any:
+    """``split(batch, n)``, which splits a batched container value into n per-env values (built
+    once, by the container kinds of shmvec._containers); None for a space that is no container."""
+    kids = children(space)
+    if kids is None:
         return None
-    size = int.from_bytes(header, "big", signed=True)
-    if size == -1:
-        header = read(8)
-        if header is None:
-            return None
-        size = int.from_bytes(header, "big")
-    return read(size) if size else b""
+    build = assembler(space)
+    subs = [(key, unbatcher(sub)) for key, sub in kids]
+
+    def split(batch: Any, n: int) -> list:
+        parts = [list(batch[key]) if sub is None else sub(batch[key], n) for key, sub in subs]
+        return [build([part[j] for part in parts]) for j in range(n)]
+
+    return split
 
 
-def _recv(conn: Connection, parent: _ParentWatch) -> Any:
-    """conn.recv(), giving up when the parent dies."""
-    _wait_readable(conn, parent)
-    return conn.recv()
-
-
-def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connection, crash: Connection,
-                parent_pid: int, threads: int | None, spin: float, affinity: frozenset[int] | None = None,
-                autoreset: str = P.AUTORESET_SAME_STEP, registrations: bytes | None = None,
-                public_name: str = "ShmVecEnv") -> None:
-    """Entry point of a worker process (the target of ``multiprocessing.Process``); ``crash`` is
-    the write end of its crash pipe (shmvec._crash); ``registrations``: the parent's env
-    registrations this process may lack (shmvec._registrations), registered before any factory
-    is unpickled; ``public_name``: the class the user called, named in errors."""
-    _lifeline.arm(parent_pid)  # (under spawn and forkserver, armed already as the process started)
+def worker_main(args: WorkerStart, conn: Connection, crash: Connection) -> None:
+    """Entry point of a worker process (the target of ``multiprocessing.Process``): ``args``, its
+    start-up record (built by the parent's ``WorkerSet.worker_start``); ``conn``, its end of the
+    command pipe; ``crash``, the write end of its crash pipe (shmvec._crash)."""
+    index = args.index
+    _lifeline.arm(args.parent_pid)  # (under spawn and forkserver, armed already as the process started)
     _crash.install(crash)  # first: a factory's native crash is reported too
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
     try:  # a process group of its own: the parent ends the env's own children with the worker
         os.setpgid(0, 0)
     except OSError:
         pass
-    if affinity:  # before any env (or thread pool) is built: threads inherit the mask
-        os.sched_setaffinity(0, affinity)
-    _cap_threads(threads, after_envs=False)
-    parent = _ParentWatch(parent_pid)
-    worker: _Worker | None = None
+    if args.affinity:  # before any env (or thread pool) is built: threads inherit the mask
+        os.sched_setaffinity(0, args.affinity)
+    cap_threads(args.threads, after_envs=False)
+    parent = ParentWatch(args.parent_pid)
+    worker: Worker | None = None
     try:
         envs: list[gym.Env] = []
         at: list[int | None] = [None]
         not_loaded: dict[str, str] = {}
         try:
-            not_loaded = register_missing(registrations)  # before any factory is unpickled or called
-            _build_envs(env_fns_bytes, env_range, envs, at, public_name)
-            _cap_threads(threads, after_envs=True)
+            # The parent's registrations this process may lack, before any factory is unpickled or called.
+            not_loaded = register_missing(args.registrations)
+            build_envs(args.env_fns, args.env_range, envs, at, args.public_name)
+            cap_threads(args.threads, after_envs=True)
         except BaseException as exc:  # a factory's sys.exit() too: the parent decides what it means
             explain_not_found(exc, not_loaded)
             conn.send((P.Pipe.ERROR, pack_exception(exc, env_index=at[0], worker=index, command="env construction")))
@@ -670,30 +469,21 @@ def worker_main(index: int, env_range: range, env_fns_bytes: bytes, conn: Connec
                 except Exception:
                     pass  # the construction error is the one to report
             return
-        worker = _Worker(index, env_range, envs, conn, parent, spin, autoreset)
-        first = envs[0]
-        obs_spaces = [env.observation_space for env in envs]
+        worker = Worker(args, envs, conn, parent)
         try:
-            hello = dumps((P.Pipe.SPACES, (first.observation_space, first.action_space,
-                                      getattr(first, "render_mode", None), dict(first.metadata),
-                                      all(has_action_masks(env) for env in envs),
-                                      # every env's observation space, where they differ
-                                      None if all(s == obs_spaces[0] for s in obs_spaces) else obs_spaces)))
+            spaces = hello(envs)
         except Exception as exc:
-            exc.add_note("shmvec: the first env's observation_space, action_space, render_mode and metadata "
-                         "go to the parent pickled (cloudpickle for lambdas and classes of your script): keep open "
-                         "handles (locks, sockets, files) out of them.")
-            conn.send((P.Pipe.ERROR, pack_exception(exc, env_index=env_range.start, worker=index,
-                                               command="env construction")))
+            conn.send((P.Pipe.ERROR, pack_exception(exc, env_index=args.env_range.start, worker=index,
+                                                    command="env construction")))
             return
-        conn.send_bytes(hello)
-        msg = _recv(conn, parent)
+        conn.send_bytes(spaces)
+        msg = recv(conn, parent)
         try:
             if msg[0] == P.Pipe.ATTACH_FD:  # a restart: the block's name is unlinked, its descriptor follows
-                _wait_readable(conn, parent)
-                worker.attach(None, *msg[1], fd=reduction.recv_handle(conn))
+                wait_readable(conn, parent)
+                worker.attach(msg[1], fd=reduction.recv_handle(conn))
             elif msg[0] == P.Pipe.ATTACH:
-                worker.attach(*msg[1])
+                worker.attach(msg[1])
             else:
                 return
         except (EOFError, BrokenPipeError, ConnectionResetError):

@@ -1,8 +1,10 @@
 """The worker set: the engine's processes, pipes and shared block, and everything about their lives.
 
-It launches each worker (:func:`shmvec._worker.worker_main`) with its command pipe and its crash
-pipe (:mod:`shmvec._crash`), creates the shared block and the links over its control words
-(:class:`shmvec._link.Links`, ``links``: the engine, the channel and the restarts post through
+It launches each worker (:func:`shmvec._worker.worker_main`) with its start-up record, its
+command pipe and its crash pipe (:mod:`shmvec._crash`), sends it the block to attach to (the
+records of :mod:`shmvec._startup_args`, each built here once: ``worker_start``, ``send_attach``),
+creates the shared block and the links over its control words (:class:`shmvec._link.Links`,
+``links``: the engine, the channel and the restarts post through
 them), notices dead workers through their process sentinels (never by hanging), turns a death
 into a ``WorkerDiedError`` that names the env the worker was in and carries its Python stack, and
 releases everything: politely (CLOSE posted through the links, then a bounded join), then
@@ -24,7 +26,7 @@ import sys
 import time
 import weakref
 from collections.abc import Sequence
-from multiprocessing import resource_tracker
+from multiprocessing import reduction, resource_tracker
 from multiprocessing.connection import Connection, wait as mp_wait
 from multiprocessing.shared_memory import SharedMemory
 from typing import TYPE_CHECKING, Any
@@ -43,6 +45,7 @@ from shmvec._masks import resolve as resolve_masks
 from shmvec._options import Options
 from shmvec._registrations import explain_not_found
 from shmvec._segment import create_segment
+from shmvec._startup_args import Attach, BlockSizes, WorkerStart
 from shmvec._sync import Words
 from shmvec._worker import worker_main
 
@@ -94,6 +97,7 @@ class WorkerSet:
     words: Words | None = None
     links: Links | None = None  # the parent's end of the control words, once the block exists
     views: Any = None
+    sizes: BlockSizes | None = None  # what the block is laid out from besides the spaces (shmvec._startup_args)
     released: bool = False
     died_in_close: list[tuple[int, int | None, str]] = []  # (worker, exit code, its crash report)
     ready: frozenset[int] | set[int] = frozenset()  # workers past the handshake (they serve the words)
@@ -129,10 +133,7 @@ class WorkerSet:
         crash_reader, crash_writer = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=worker_main,
-            args=(w, self.slices[w], self.payloads[w], child_conn, crash_writer, os.getpid(), opts.worker_threads,
-                  opts.worker_spin_s),
-            kwargs={"affinity": opts.cpu_sets[w], "autoreset": opts.autoreset, "registrations": self.registrations,
-                    "public_name": opts.public_name},
+            args=(self.worker_start(w), child_conn, crash_writer),
             daemon=True,
             name=WorkerName(f"shmvec-worker-{w}", os.getpid()),  # arms its lifeline before it imports anything
         )
@@ -157,6 +158,13 @@ class WorkerSet:
         finally:
             child_conn.close()
             crash_writer.close()
+
+    def worker_start(self, w: int) -> WorkerStart:
+        """Worker w's start-up arguments (the one place they are put together: a first start and a restart)."""
+        opts = self.options
+        return WorkerStart(w, self.slices[w], self.payloads[w], os.getpid(), opts.worker_threads, opts.worker_spin_s,
+                           affinity=opts.cpu_sets[w], autoreset=opts.autoreset, registrations=self.registrations,
+                           public_name=opts.public_name)
 
     def note_groups(self, workers: Sequence[int]) -> None:
         """Records the process group of each of ``workers`` that leads its own (they set it first
@@ -204,8 +212,9 @@ class WorkerSet:
         self.observation_spaces = env_observation_spaces(hellos, self.slices, observation_mode)
         mask_size = resolve_masks(opts.action_masks, all(h[4] for h in hellos), act_space)
         n_envs = self.slices[-1].stop
-        layout = Layout(obs_space, act_space, n_envs, n, opts.mailbox_bytes, mask_size,
-                        lease_count(opts.zero_copy, obs_space, n_envs))
+        self.sizes = sizes = BlockSizes(n_envs, n, opts.mailbox_bytes, mask_size,
+                                        lease_count(opts.zero_copy, obs_space, n_envs))
+        layout = sizes.layout(obs_space, act_space)  # the workers build theirs the same way (Attach)
         shm = self.create_block(layout.nbytes, layout.base_nbytes)
         # Handshake 2: every worker attaches; then the name is unlinked, so no segment outlives us.
         # The words exist first: a worker that has attached serves them, and only a CLOSE posted
@@ -213,15 +222,24 @@ class WorkerSet:
         self.words = words = Words(shm.buf, layout.ctrl_offset, layout.ctrl_words)
         self.links = Links(words, self.slices)
         self.ready = set()
-        for conn in self.conns:
-            conn.send((P.Pipe.ATTACH, (shm.name, layout.n_envs, n, opts.mailbox_bytes, mask_size, masks_live,
-                                       layout.obs_blocks)))
+        for w in range(n):
+            self.send_attach(w, masks_live)
         self.note_groups(range(n))
         for w in range(n):
             channel.recv(w, "attach", START_HINT)
             self.ready.add(w)
         self.unlink()
         return layout, metadata
+
+    def send_attach(self, w: int, masks_live: bool, by_fd: bool = False) -> None:
+        """Sends worker w the block to attach to (the one builder of :class:`Attach`): its name at
+        start-up; ``by_fd`` (a restart, the name is unlinked) its descriptor after the message."""
+        assert self.shm is not None and self.sizes is not None
+        conn = self.conns[w]
+        conn.send((P.Pipe.ATTACH_FD if by_fd else P.Pipe.ATTACH,
+                   Attach(None if by_fd else self.shm.name, self.sizes, masks_live)))
+        if by_fd:
+            reduction.send_handle(conn, self.block_fd(), self.processes[w].pid)
 
     def refresh_sentinels(self) -> None:
         self.sentinels = {p.sentinel: w for w, p in enumerate(self.processes)}

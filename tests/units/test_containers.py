@@ -58,7 +58,7 @@ def test_a_new_container_kind_is_one_registration_each():
 
 
 WALKER_MODULES = ["_layout.py", "_leases.py", "_actions.py", "_restarts.py", "vec_env_pool.py", "ray/batching.py",
-                  ]
+                  "_worker.py"]
 
 
 @pytest.mark.parametrize("name", WALKER_MODULES)
