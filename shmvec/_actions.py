@@ -21,7 +21,7 @@ faces, ``ShmMultiAgentVecEnv``'s stacked rows), and :func:`leaf_batch` with :fun
 ``ShmParallelEnv``'s batch of each agent (named as ``actions['agent_0']``), so that a batch one
 face refuses (floats that are not whole numbers for an integer space, one value for every env) no
 face truncates or broadcasts; :func:`exact_cast` is the cast rule alone (``ShmEnvPool``'s rows go
-through :func:`leaf_batch`, the Ray faces' batch through ``exact_cast`` before it is split).
+through :meth:`ActionWriter.write_rows`, the Ray faces' batch through ``exact_cast`` before it is split).
 
 The usual batch (an ndarray of the leaf's shape and dtype) is checked and copied
 in one C loop (``shmvec._rows.copy_actions``, about 0.15 us for 64 envs; the
@@ -42,7 +42,6 @@ from gymnasium import spaces
 
 from shmvec._containers import batched_form, children, is_keyed
 from shmvec._errors import InvalidActionError, InvalidActionWarning
-from shmvec._protocol import ARG_IN_PIPE, ARG_LEN, word
 from shmvec._rows import ACTIONS_COPY, ACTIONS_NO_NAN, ACTIONS_RANGE, copy_actions
 
 INVALID_ACTIONS = ("raise", "warn", "ignore")
@@ -292,14 +291,15 @@ class ActionWriter:
     (nested like the space) or a sequence of per-env actions (:func:`is_per_env`), stacked leaf
     by leaf.
 
-    ``pickled``: for an action space with leaves without a fixed size, ``(messages, mailbox,
-    words)``: ``messages(actions)`` gives each worker's pickle of their values
-    (``shmvec._pickled_leaves.PickledLeaves.action_messages``), which go into the workers'
-    mailboxes and ARG_LEN words, or through their pipes when larger (:meth:`write` returns those).
+    ``pickled``: for an action space with leaves without a fixed size, ``(messages, links)``:
+    ``messages(actions)`` gives each worker's pickle of their values
+    (``shmvec._pickled_leaves.PickledLeaves.action_messages``), which each worker's link puts into
+    its mailbox and ARG_LEN word, or leaves for its pipe when larger (``shmvec._link.Link.put_arg``;
+    :meth:`write` returns those).
     """
 
     def __init__(self, action_space: spaces.Space, leaves: list, buffers: Any, n_envs: int, policy: str,
-                 pickled: tuple[Callable[[Any], list[bytes]], np.ndarray, Any] | None = None) -> None:
+                 pickled: tuple[Callable[[Any], list[bytes]], Any] | None = None) -> None:
         self.space = action_space
         self.leaves = list(leaves)
         self.buffers = buffers
@@ -355,16 +355,32 @@ class ActionWriter:
         return self._put_messages(messages) if messages is not None else None
 
     def _put_messages(self, messages: list[bytes]) -> dict[int, bytes]:
-        # (No local name for a view of the block: see _write_leaf.)
+        links = self.pickled[1]
         in_pipe: dict[int, bytes] = {}
         for w, data in enumerate(messages):
-            if len(data) >= self.pickled[1].shape[1]:  # larger than the mailbox: the pipe, once posted
-                in_pipe[w], arg_len = data, ARG_IN_PIPE
-            else:
-                self.pickled[1][w, :len(data)] = np.frombuffer(data, dtype=np.uint8)
-                arg_len = len(data)
-            self.pickled[2].store(word(w, ARG_LEN), arg_len)
+            if links[w].put_arg(data) is not None:  # larger than the mailbox: the pipe, once posted
+                in_pipe[w] = data
         return in_pipe
+
+    def write_rows(self, actions: Any, rows: np.ndarray, what: str = "env ids") -> None:
+        """Writes row k of ``actions`` as env ``rows[k]``'s action (a pool's ``send``): the batched
+        form, or one action per row (a list of dicts for a Dict space), each leaf cast exactly
+        (:func:`leaf_batch`) and checked before it is written.
+
+        :raises ValueError: as :meth:`write` (``what`` names the rows); ``InvalidActionError`` names
+            the rows of ``actions`` that failed (the caller may name them its own way)."""
+        # No local name for a view of the block: the traceback of an error raised here (kept by
+        # the caller) would keep the mapping open after close().
+        n = rows.size
+        for leaf, value in zip(self.leaves, self.leaf_values(actions, n, what)):
+            arr = leaf_batch(value, leaf, n, what)  # one row per id, cast exactly
+            check = self.checks.get(leaf.path)
+            fast = self.fast.get(leaf.path)
+            if check is not None and (fast is None or not copy_actions(arr, np.empty_like(arr), *fast)):
+                # Out of range, NaN (invalid_actions=), before anything is sent; the usual batch
+                # passed copy_actions' check in one C pass (docs/design.md).
+                check(arr)
+            self.buffers[leaf.path][rows] = arr.astype(leaf.dtype, copy=False)
 
     def leaf_values(self, actions: Any, n_rows: int, rows: str = "envs") -> list:
         """Each leaf's batch in ``actions``, in the order of :attr:`leaves`: taken from the batched

@@ -11,6 +11,7 @@ its own:
 - :class:`shmvec._channel.Channel`: the pipes (handshakes, large arguments and results, rare commands);
 - :class:`shmvec._restarts.Restarts`: ``on_failure="restart"`` (absent otherwise), which sees the
   engine through a :class:`shmvec._restarts.RestartHost`;
+- :class:`shmvec._calls.RareCalls`: the rare-call path (``call``, ``call_async``, ``call_wait``);
 - :class:`shmvec._state.Status`: the parent's single state (its diagram is there).
 
 The engine decides what a command does to that state: :meth:`post` has the links post a command
@@ -19,7 +20,37 @@ to every worker (and decides what an interrupted post leaves: nothing sent, in f
 workers are alive and in time) and read each worker's answer, and the observations, rewards and
 flags stay in :attr:`views` for the front-end to turn into its own return values.  The front-ends'
 own APIs are theirs (SB3's infos, Gymnasium's batching, the seeds policy); the engine holds only
-what they share, SB3's ``indices`` convention for rare calls among it (:meth:`indices`).
+what they share, SB3's ``indices`` convention for rare calls among it (:meth:`indices`, the rule of
+:func:`shmvec._seeds.env_indices`).
+
+The door.  A front-end holds an engine and uses only its public surface, never a part
+(``Engine.PARTS``: ``tests/units/test_layers.py`` fails on ``engine.<part>`` in a front-end):
+
+- the calls: :meth:`post_step`, :meth:`complete_step`, :meth:`finish_step` (and :meth:`post` of
+  a STEP for SB3's short way), :meth:`reset`, :meth:`reset_wait`, ``call``,
+  ``call_async``, ``call_wait`` (those of :class:`shmvec._calls.RareCalls`), :meth:`start_pool`,
+  :meth:`stop_pool` (and :meth:`complete` of "pool" in a pool's close), :meth:`close`, :meth:`closing`;
+- the state, read: ``lock``, ``state``, ``closed``, ``waiting``, ``in_flight_call``, ``failure``,
+  ``serving_pool`` (the :class:`shmvec._state.Status` fields, read through C getters: no Python
+  frame on the step path), and checked: :meth:`check_usable`, :meth:`check_idle`,
+  ``check_poster``; changed only by a failure a front-end finds: ``fail``, :meth:`record`;
+- the workers: ``check_alive`` (dead ones raise), :meth:`stuck` (where late ones are, and their
+  stacks), :attr:`restarted`;
+- the values in the block: :meth:`obs_out`, :meth:`obs_buffers`, ``obs_view``, ``term_obs``,
+  ``term_leaf``, ``term_buffers``, ``rewards``, ``terminated``, ``truncated``, ``mask_buffer``
+  (views of the block, None once closed), ``write_rows`` (a pool's rows of actions), and
+  ``step_actions`` (SB3's short way);
+- the facts: ``num_envs``, ``n_workers``, ``slices``, ``owner``, ``timeout``, the spaces,
+  ``metadata``, ``descriptions``, ``zero_copy``, ``fixed_size``, ``masks_in_shm``,
+  ``masks_live``, and ``options``.
+
+``options`` is data, not a part: the checked constructor options, a frozen record
+(:class:`shmvec._options.Options`) that nothing changes after the engine is built and that acts
+on nothing; the front-ends publish its values as their own attributes and ``describe()`` reads it
+whole (:meth:`explain` adds what the engine decided), so an accessor per option would only repeat
+it.  The parts are objects that act (on the workers, the block or the state): the door names
+what the front-ends need of them.  Bound methods of a part (``fail``, ``check_poster``,
+``check_alive``, ``write_rows``) are bound once, at construction: the door costs no call frame.
 
 Start-up: the workers are launched in parallel; handshake 1 gets each one's spaces (no env is
 ever built in the parent), the block is laid out (:mod:`shmvec._layout`) and created; handshake
@@ -38,6 +69,7 @@ from threading import get_ident
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
 import gymnasium as gym
@@ -45,9 +77,9 @@ import numpy as np
 
 from shmvec import _protocol as P
 from shmvec._actions import ActionWriter
-from shmvec._channel import Channel, RareCall
+from shmvec._calls import RareCalls, check_idle, gave_up
+from shmvec._channel import Channel
 from shmvec._errors import (
-    AlreadyPendingCallError,
     NoAsyncCallError,
     WorkerDiedError,
     WorkerStacks,
@@ -67,7 +99,8 @@ from shmvec._pickled_leaves import pickled_leaves
 from shmvec._pickling import pickle_factories
 from shmvec._registrations import pack_registrations
 from shmvec._restarts import RestartHost, Restarts
-from shmvec._state import CALLING, COLLECTING, CONSUMED, DONE, IDLE, POSTED, RESETTING, Status, record
+from shmvec._seeds import env_indices
+from shmvec._state import COLLECTING, CONSUMED, DONE, IDLE, POOLING, POSTED, RESETTING, Status, record
 from shmvec._threads import Decision, decide, release
 from shmvec._sync import current_cpu
 from shmvec._workers import BROKEN_HINT, CLOSE_JOIN_S, WorkerSet
@@ -83,6 +116,19 @@ class Engine:
     :param env_fns: the factories; ``options`` as :meth:`shmvec._options.Options.build` takes them.
     """
 
+    # The parts: no front-end reaches them (the module docstring, "The door"; tests/units/test_layers.py).
+    PARTS = ("status", "workers", "links", "channel", "restarts", "actions", "leases", "views", "layout", "pickled",
+             "threads", "registrations", "calls", "words", "seqs")
+
+    # The state, read through C getters (no Python frame: the step's short way reads lock and state).
+    lock = property(attrgetter("status.lock"), doc="The lock every public call of a front-end holds.")
+    state = property(attrgetter("status.state"), doc="The parent's :class:`shmvec._state.State`.")
+    closed = property(attrgetter("status.closed"))
+    waiting = property(attrgetter("status.waiting"), doc="A step is in flight.")
+    in_flight_call = property(attrgetter("status.in_flight_call"))
+    failure = property(attrgetter("status.failure"), doc="What broke the engine, or None.")
+    serving_pool = property(attrgetter("status.serving_pool"))
+
     # Class-level defaults: close() is safe on a half-built engine.
     status = Status.__new__(Status)  # CLOSED, with no failure (Status's class-level defaults)
     workers: WorkerSet | None = None
@@ -91,16 +137,22 @@ class Engine:
     views: Any = None
     step_actions: tuple | None = None  # the step's short way, when the spaces allow it
     done_step: list[list] | None = None  # the items of the step in flight once read (state DONE)
-    pending_call: RareCall | None = None  # the call of call_async() (state CALLING)
+    calls: RareCalls | None = None  # the rare-call path (shmvec._calls), whose call() etc. are the engine's
     actions: ActionWriter | None = None
     leases: Leases | None = None  # zero_copy's lease blocks (shmvec._leases), when on
     masks_in_shm = False  # whether the workers write action masks into shared memory (``action_masks``)
     threads: Decision | None = None  # the parent's torch threads (shmvec._threads), decided once torch is loaded
+    # Views of the block for the front-ends (None once closed): the step's outcome, the terminal
+    # observations' and the masks' buffers; a pool's rows of actions (ActionWriter.write_rows).
+    rewards = terminated = truncated = term_buffers = mask_buffer = write_rows = None
+    zero_copy = False  # observations handed out without a copy (the zero_copy option, resolved)
+    fixed_size = True  # every leaf has a buffer (none travels pickled: shmvec._pickled_leaves)
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], *, batch_dict: type = collections.OrderedDict,
                  pickled_batch: Callable[[list], Any] = tuple, observation_mode: Any = None,
                  **options: Any) -> None:
         self.status = status = Status(options.get("public_name", "ShmVecEnv"))
+        self.fail, self.check_poster = status.fail, status.check_poster  # (bound once: see "The door")
         self.observation_mode = observation_mode  # None (SB3's faces), "same", "different" or a space
         opts, env_fns = Options.build(env_fns, **options)
         self.options = opts
@@ -120,6 +172,7 @@ class Engine:
         self._finalizer = weakref.finalize(self, workers.release)
         self.channel = Channel(workers, status, max(opts.timeout, START_TIMEOUT_FLOOR_S)
                                if opts.timeout is not None else None)
+        self.check_alive = self.channel.check_alive  # (command): raises WorkerDiedError for a dead worker
         try:
             self._start(pickled_batch)  # pickled_batch: a tuple (Gymnasium), np.stack (SB3)
         except BaseException as exc:
@@ -132,6 +185,8 @@ class Engine:
             self.channel.timeout = opts.timeout
         if opts.restart:
             self.restarts = Restarts(RestartHost.of(self))
+        self.calls = calls = RareCalls(status, self.channel, self.restarts, self.slices, self.num_envs)
+        self.call, self.call_async, self.call_wait = calls.call, calls.call_async, calls.call_wait  # (the door)
         status.enter(IDLE)
         self.threads = decide(Decision(opts.parent_threads), self.n_workers, opts.public_name)
 
@@ -150,11 +205,15 @@ class Engine:
         views = self.views = workers.views = layout.views(workers.shm.buf)
         links.use_mailbox(views.mailbox)
         self.pickled = pickled = pickled_leaves(layout, views, self.slices, self.options.restart)  # None: plain
+        self.fixed_size = pickled is None
+        self.rewards, self.terminated, self.truncated = views.rew, views.terminated, views.truncated
+        self.term_buffers, self.mask_buffer = views.term_obs, views.mask
         self.obs_view = make_gather(obs_space, views.obs, copy=False, top_dict=self._batch_dict, batch=pickled_batch)
         self.obs_copy = make_gather(obs_space, views.obs, copy=True, top_dict=self._batch_dict, batch=pickled_batch)
         self.term_obs = make_gather(obs_space, views.term_obs, copy=True)
         self.actions = ActionWriter(act_space, layout.act_leaves, views.act, layout.n_envs,
-                                    self.options.invalid_actions, pickled and pickled.for_actions(views, links.words))
+                                    self.options.invalid_actions, pickled and pickled.for_actions(links))
+        self.write_rows = self.actions.write_rows
         # The step's short way for the usual spaces: one observation leaf (a Box, Discrete, ...)
         # and one action leaf whose batch copy_actions checks and copies in one C call.
         single_obs = list(views.obs) == [()] and not layout.obs_pickled
@@ -164,6 +223,7 @@ class Engine:
         self.step_actions = self.actions.single
         if layout.obs_blocks:
             self.leases = Leases(layout, views, workers.block_fd(), self._batch_dict)
+            self.zero_copy = True
 
     # ---- facts ------------------------------------------------------------------------------------
     def check_usable(self) -> None:
@@ -171,10 +231,8 @@ class Engine:
         self.status.check_usable()
 
     def check_idle(self, what: str) -> None:
-        """Usable, and nothing in flight (else AlreadyPendingCallError: a step, reset_async or call_async)."""
-        self.status.check_usable()
-        if self.status.state is not IDLE:
-            raise pending_error(what, self.status.in_flight_call)
+        """Usable, and nothing in flight (else AlreadyPendingCallError: a step, reset_async, call_async, a pool)."""
+        check_idle(self.status, what)
 
     def obs_out(self, copy: bool = True) -> Any:
         """The observations of the last step or reset: arrays of the caller's own (a copy, or a
@@ -185,6 +243,31 @@ class Engine:
         if not copy:
             return self.obs_view(slice(None))
         return self.obs_leaf.copy() if self.obs_leaf is not None else self.obs_copy(slice(None))
+
+    def record(self, exc: BaseException, cause: BaseException | None = None) -> BaseException:
+        """``exc`` recorded as what broke the engine, to be raised (:func:`shmvec._state.record`)."""
+        return record(self.status, exc, cause)
+
+    def stuck(self, workers: Sequence[int]) -> tuple[list[int | None], WorkerStacks | None]:
+        """Where each of ``workers`` is (the env it steps, by its ENV_AT word: a hint, or None) and
+        their Python stacks (faulthandler, or None): what a timeout reports."""
+        return [self.workers.env_of(w) for w in workers], self.workers.stacks(workers)
+
+    @property
+    def restarted(self) -> int:
+        """Workers restarted so far (``on_failure="restart"``; 0 otherwise)."""
+        return 0 if self.restarts is None else self.restarts.count
+
+    def explain(self) -> dict[str, Any]:
+        """What the engine decided and why (``describe()["decided"]``): the options', the parent's threads."""
+        return self.options.explain() | {"parent_threads": self.threads.as_dict()}
+
+    def obs_buffers(self) -> tuple[dict, bool]:
+        """The buffers (by leaf path) of the observations of the last step or reset, and whether
+        they are a lease block (zero_copy, shmvec._leases: the caller may keep them uncopied)."""
+        leases, views = self.leases, self.views
+        block = leases.block if leases is not None else 0
+        return views.obs_blocks[block], bool(block)
 
     # ---- the step -----------------------------------------------------------------------------------
     def post_step(self, actions: Any, checked: bool = False) -> None:
@@ -241,6 +324,25 @@ class Engine:
         self.status.poster = None
         self.status.enter(IDLE)
 
+    # ---- a pool (shmvec.env_pool: the workers serve it, state POOLING) -------------------------------
+    def start_pool(self) -> None:
+        """Posts POOL: every worker serves the pool (its queue, env by env) until :meth:`stop_pool`.
+        POOLING from before the post: interrupted after it, the pool's close still stops the workers."""
+        self.status.enter(POOLING)
+        self.post(P.Cmd.POOL)
+
+    def stop_pool(self, stop: Callable[[], None]) -> None:
+        """``stop()`` tells the workers to leave the pool (the pool's STOP in each of their queues);
+        waits until they have (state IDLE).  Interrupted or failed half way, the engine is broken
+        (still ``serving_pool``: the pool's close sends STOP again, which a worker never reads twice)."""
+        try:
+            stop()
+            self.complete("pool")
+        except BaseException as exc:
+            self.status.fail(exc)  # (complete() records what happens in its wait)
+            raise
+        self.status.enter(IDLE)
+
     # ---- reset ---------------------------------------------------------------------------------------
     def reset(self, seeds: list, options: list, mask: np.ndarray | None = None, wait: bool = True) -> list[list]:
         """Runs RESET (of the envs in ``mask``, or all) with per-env seeds and options; returns the
@@ -288,19 +390,9 @@ class Engine:
         return results
 
     # ---- the shared-word protocol (through the links: shmvec._link) ------------------------------
-    @property
-    def seqs(self) -> list[int]:
-        """Each worker's last CMD_SEQ (the links' own list)."""
-        return self.links.seqs
-
-    @property
-    def words(self) -> Any:
-        """The control words the links read and write (a test may stand a wrapper in for them)."""
-        return self.links.words
-
-    @words.setter
-    def words(self, words: Any) -> None:
-        self.links.words = words
+    # Each worker's last CMD_SEQ, the control words: the links' own (a test may stand a wrapper in for the words).
+    seqs = property(attrgetter("links.seqs"))
+    words = property(attrgetter("links.words"), lambda self, words: setattr(self.links, "words", words))
 
     def arm_early_wake(self, cmd: P.Cmd) -> None:
         """Before a post: tells the workers on which core the parent will sleep (STEP only, and
@@ -408,47 +500,9 @@ class Engine:
         return link.reply(command, self.channel.recv_raw)
 
     # ---- rare commands ---------------------------------------------------------------------------------
-    def indices(self, indices: Any) -> Any:
+    def indices(self, indices: Any) -> list[int]:
         """SB3's ``VecEnv._get_indices``: None (all), an int, or an iterable of ints."""
-        return range(self.num_envs) if indices is None else [indices] if isinstance(indices, int) else indices
-
-    def call(self, name: str, indices: Any, args: tuple) -> list[Any]:
-        """Rare command ``name`` (:class:`shmvec._protocol.Call`) on the envs ``indices``; answers in order."""
-        self.check_idle(name)
-        if self.restarts is not None:
-            self.restarts.recover_dead(name)
-        return self.channel.call(name, list(self.indices(indices)), args)
-
-    def call_async(self, name: str, indices: Any, args: tuple) -> None:
-        """Sends rare command ``name`` as :meth:`call` does, and returns (state CALLING):
-        :meth:`call_wait` reads the answers.  An argument that does not pickle changes nothing."""
-        self.check_idle("call_async")
-        call = self.pending_call = RareCall(name, list(self.indices(indices)), args, self.slices)
-        try:
-            self.status.enter(CALLING)
-            self.channel.send_call(call)
-        except BaseException as exc:  # a worker posted and not sent its message waits for it
-            self.status.fail(exc)
-            raise
-
-    def call_wait(self, timeout: float | None = None) -> list[Any]:
-        """The answers of :meth:`call_async`'s call (or the env's error, as :meth:`call`), state IDLE
-        after; past ``timeout``, ``multiprocessing.TimeoutError`` and the call stays in flight.
-
-        :raises NoAsyncCallError: no call is in flight.
-        """
-        status = self.status
-        status.check_usable()
-        if status.state is not CALLING:
-            raise NoAsyncCallError("Calling `call_wait` without any prior call to `call_async`.", "call")
-        call = self.pending_call
-        if not call.done:  # (done: read, and an interrupt came before the state changed)
-            if timeout is not None and not self.channel.answered(call, timeout):
-                raise gave_up("call", timeout)
-            self.channel.read_answers(call)  # (breaks the engine if it fails)
-        status.enter(IDLE)
-        self.pending_call = None
-        return call.result()
+        return env_indices(indices, self.num_envs)
 
     # ---- the end ------------------------------------------------------------------------------------------
     def close(self, terminate: bool = False, timeout: float | None = None) -> None:
@@ -491,7 +545,8 @@ class Engine:
         if self.leases is not None:
             self.leases.release()
         self.views = self.obs_view = self.obs_copy = self.term_obs = None  # drop views before unmapping
-        self.obs_leaf = self.term_leaf = self.step_actions = self.actions = None
+        self.obs_leaf = self.term_leaf = self.step_actions = self.actions = self.write_rows = None
+        self.rewards = self.terminated = self.truncated = self.term_buffers = self.mask_buffer = None
         errors = workers.release(polite=polite)
         self._finalizer.detach()
         if errors:
@@ -533,25 +588,6 @@ def late_error(engine: Engine, command: str, limit: float) -> BaseException:
         + ("Where each was is shown above (faulthandler). " if stacks else "")
         + "The env may hang; call close() (it terminates them) and build a new vec env."
     ), stacks)
-
-
-def gave_up(command: str, seconds: float) -> multiprocessing.TimeoutError:
-    """What a ``*_wait(timeout=...)`` raises when ``command`` is not over in time (in Gymnasium's
-    words, then ours: the command is still in flight, nothing is lost)."""
-    return multiprocessing.TimeoutError(
-        f"The call to `{command}_wait` has timed out after {seconds} second(s); the {command} is still in flight: "
-        f"{command}_wait() collects it" + (", reset() drops it." if command == "step" else "."))
-
-
-def pending_error(what: str, pending: str | None) -> AlreadyPendingCallError:
-    """AlreadyPendingCallError for ``what()`` called while ``pending`` ("step", "reset", "call") is in flight."""
-    if pending == "step":
-        return AlreadyPendingCallError(
-            f"{what}() while a step is in flight (a step_async() without its step_wait(), or a step interrupted "
-            "by Ctrl-C): call step_wait() to collect it, or reset()")
-    return AlreadyPendingCallError(
-        f"{what}() while a {pending} is in flight ({pending}_async() without its {pending}_wait()): call "
-        f"{pending}_wait() first", str(pending))
 
 
 def write_reset_args(engine: Engine, seeds: list, options: list, mask: np.ndarray | None) -> dict[int, bytes]:

@@ -6,8 +6,8 @@ Stable-Baselines3, does not import the SB3 faces' modules):
 
 - :func:`served_masks`, :func:`rendered_images`: action masks in shared memory, SB3's ``get_images``
   (``ShmVecEnv``, ``ShmMultiAgentVecEnv``, ``ShmParallelEnv``);
-- :func:`agents_engine`, :func:`obs_leaves`, :func:`agent_step_values`: the multi-agent faces'
-  construction and reading of the stacked per-agent values (``ShmMultiAgentVecEnv``, ``ShmParallelEnv``);
+- :func:`agents_engine`, :func:`agent_step_values`: the multi-agent faces' construction and
+  reading of the stacked per-agent values (``ShmMultiAgentVecEnv``, ``ShmParallelEnv``);
 - :func:`gym_engine`, :func:`usable_engine`, :func:`env_render_mode`, :func:`refuse_unknown_keywords`
   and ``ENGINE_OPTIONS``: the Gymnasium-style faces' construction and use of their engine
   (``ShmVectorEnv``, ``ShmEnvPool``);
@@ -44,7 +44,7 @@ from shmvec._restarts import RESTART_INFO_KEY
 from shmvec.factories import factory_list
 
 __all__ = ["ENGINE_OPTIONS", "FLAG_KEYS", "InfoBatch", "agent_step_values", "agents_engine", "batch_rows", "by_env_id",
-           "checked_send_ids", "env_render_mode", "gym_engine", "obs_leaves", "refuse_unknown_keywords",
+           "checked_send_ids", "env_render_mode", "gym_engine", "refuse_unknown_keywords",
            "rendered_images", "served_masks", "usable_engine"]
 
 
@@ -65,11 +65,11 @@ def served_masks(engine: Engine, owner: str) -> np.ndarray:
         try:
             engine.call(P.Call.ACTION_MASKS, None, ())
         except Exception:
-            if engine.status.failure is None:  # one worker's envs failed: the others go back to off
+            if engine.failure is None:  # one worker's envs failed: the others go back to off
                 engine.call(P.Call.ACTION_MASKS_OFF, None, ())
             raise
         engine.masks_live = True
-    return engine.views.mask
+    return engine.mask_buffer
 
 
 def rendered_images(engine: Engine, render_mode: str | None, n_envs: int) -> list:
@@ -101,26 +101,19 @@ def agents_engine(env_fns: Sequence[Callable[[], Any]], pad: bool, public_name: 
     return engine, agents
 
 
-def obs_leaves(engine: Engine) -> dict:
-    """The buffers of the stacked observations of the last step or reset: block 0, or the lease
-    block the workers wrote them to (``zero_copy``, shmvec._leases)."""
-    leases = engine.leases
-    return engine.views.obs_blocks[leases.block] if leases is not None else engine.views.obs
-
-
 def agent_step_values(engine: Engine, results: list[list]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(the envs that ended this step, the step's per-agent ``rew``/``term``/``trunc``/``active``
     as new ``(n_envs, n_agents)`` arrays).  An env that ended has been reset already, so its
     values are read from the terminal stack; a restarted env's (whose last stack is that of the
     step before: nothing new happened) have reward 0 and every agent truncated, not terminated (a
     restart cuts the episode: docs/failures.md, as for single-agent envs)."""
-    views, leaves = engine.views, obs_leaves(engine)
-    ended = np.flatnonzero(views.terminated | views.truncated)
+    leaves = engine.obs_buffers()[0]  # (block 0, or the lease block the workers wrote them to: zero_copy)
+    ended = np.flatnonzero(engine.terminated | engine.truncated)
     values = {}
     for key in FLAG_KEYS:
         arr = leaves[(key,)].copy()
         if ended.size:
-            arr[ended] = views.term_obs[(key,)][ended]
+            arr[ended] = engine.term_buffers[(key,)][ended]
         values[key] = arr
     for items in results:
         for e, info, _ in items:

@@ -17,7 +17,7 @@ the block.  Its values go where the infos go, in the messages of :mod:`shmvec._p
 - Actions, parent -> worker.  With any pickled action leaf, before each STEP the parent pickles
   the slice's values of every pickled action leaf into mailbox w and ARG_LEN[w] (ARG_IN_PIPE when
   larger: sent through the pipe once posted, as a reset's arguments, protocol step 1:
-  ``shmvec._actions.ActionWriter`` writes them); the worker reads them first
+  ``shmvec._actions.ActionWriter`` hands them to worker w's link, ``shmvec._link.Link.put_arg``); the worker reads them first
   (:meth:`WorkerLeaves.load_actions`), before it steps and before it writes its result into the
   same mailbox.
 
@@ -127,10 +127,11 @@ class PickledLeaves:
             out.append(items)
         return out
 
-    def for_actions(self, views: Views, words: Any) -> tuple | None:
-        """``ActionWriter``'s ``pickled`` argument: ``(action_messages, views.mailbox, words)``, or
-        None when no action leaf travels pickled."""
-        return (self.action_messages, views.mailbox, words) if self.act_paths else None
+    def for_actions(self, links: Any) -> tuple | None:
+        """``ActionWriter``'s ``pickled`` argument: ``(action_messages, links)`` (the engine's
+        :class:`shmvec._link.Links`, which put each worker's message into its mailbox or leave
+        it for the pipe), or None when no action leaf travels pickled."""
+        return (self.action_messages, links) if self.act_paths else None
 
     def action_messages(self, actions: Any) -> list[bytes]:
         """Per worker, the pickle of its envs' values of every pickled action leaf; raises before

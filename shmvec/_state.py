@@ -2,10 +2,10 @@
 
 The shared words say where each *worker* is (:mod:`shmvec._protocol`); this module says where
 the *parent* is.  Every front-end call checks it once (:meth:`Status.check_usable`, and the step's
-short way reads ``status.state is IDLE``); every change goes through :meth:`Status.enter` or
+short way reads ``engine.state is IDLE``); every change goes through :meth:`Status.enter` or
 :meth:`Status.fail`, against the table below.
 
-States (a step goes left to right; reset, rare calls and the pool start and end in IDLE)::
+States (a step goes left to right; reset and rare calls start and end in IDLE)::
 
     STARTING ──> IDLE ──> POSTED ──> COLLECTING ──> CONSUMED ──> DONE ──> IDLE
                   │ ^       ^ │          │  │                      ^
@@ -14,6 +14,7 @@ States (a step goes left to right; reset, rare calls and the pool start and end 
                   │ │       └────────────┘ (an interrupt while reading: read again later)
                   v │
           RESETTING, CALLING  (reset_async / call_async, until their reset_wait / call_wait)
+          POOLING             (a pool's workers serve it, from its reset until it stops)
 
     any state but CLOSED and FORKED ──(a failure)──> BROKEN;   any state ──close()──> CLOSED;
     in a child of os.fork(), every engine of the parent ──> FORKED
@@ -37,6 +38,14 @@ States (a step goes left to right; reset, rare calls and the pool start and end 
 - ``CALLING``: a rare call sent by ``call_async`` whose answers ``call_wait`` has not read (the
   same rules; ``close()`` lets the workers answer, then stops them).  The synchronous ``reset``
   and rare calls never enter these two states.
+- ``POOLING``: the workers serve a pool (``ShmEnvPool``, and the SB3 pool over it): each takes
+  its envs' steps from its queue, env by env, until the pool stops them (``Engine.start_pool``
+  to ``Engine.stop_pool``).  Entered from IDLE just before POOL is posted (interrupted after the
+  post, the pool's ``close()`` still stops the workers); back to IDLE once every worker has left
+  the pool (the pool's reset, a rare call, which stops the pool and starts it again).  The
+  engine's own calls raise ``AlreadyPendingCallError`` meanwhile; the pool's ``close()`` stops
+  the workers before the engine closes, also when the pool broke while serving
+  (:attr:`Status.serving_pool`).
 - ``BROKEN``: a failure left the workers and the parent out of step (a worker died, an env
   raised, a timeout, an interrupt between posting and waiting).  Every call raises
   ``BrokenVecEnvError`` naming the failure, except ``close()``.  With ``on_failure="restart"``
@@ -46,7 +55,7 @@ States (a step goes left to right; reset, rare calls and the pool start and end 
   parent's.  Every call raises ``ForkedVecEnvError``; ``close()`` drops the child's mapping only.
 
 A step is "in flight" (``waiting``) in POSTED, COLLECTING, CONSUMED and DONE; ``in_flight_call``
-names what is in flight in any state ("step", "reset", "call" or None).
+names what is in flight in any state ("step", "reset", "call", "pool" or None).
 
 Threads.  Every public call of a front-end runs under the engine's lock (:func:`serialized`), so
 calls from several threads are serialized, never interleaved: a second thread's ``step()``
@@ -100,16 +109,18 @@ class State(enum.Enum):
     FORKED = "forked"
     RESETTING = "resetting"
     CALLING = "calling"
+    POOLING = "pooling"
 
 
-STARTING, IDLE, POSTED, COLLECTING, CONSUMED, DONE, BROKEN, CLOSED, FORKED, RESETTING, CALLING = State
+STARTING, IDLE, POSTED, COLLECTING, CONSUMED, DONE, BROKEN, CLOSED, FORKED, RESETTING, CALLING, POOLING = State
 
 # What each state may become (BROKEN and CLOSED are reached through fail() and close()).
 TRANSITIONS: dict[State, frozenset[State]] = {
     STARTING: frozenset({IDLE}),
-    IDLE: frozenset({POSTED, RESETTING, CALLING}),
+    IDLE: frozenset({POSTED, RESETTING, CALLING, POOLING}),
     RESETTING: frozenset({IDLE}),
     CALLING: frozenset({IDLE}),
+    POOLING: frozenset({IDLE}),
     POSTED: frozenset({COLLECTING, DONE}),  # DONE: restart mode reads without the two phases below
     COLLECTING: frozenset({CONSUMED, DONE, POSTED}),  # POSTED: interrupted, read again later
     CONSUMED: frozenset({DONE}),
@@ -120,7 +131,7 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 }
 IN_FLIGHT = frozenset({POSTED, COLLECTING, CONSUMED, DONE})
 # What is in flight in each state that has something in flight (Gymnasium's names of the calls).
-IN_FLIGHT_CALL = {**{state: "step" for state in IN_FLIGHT}, RESETTING: "reset", CALLING: "call"}
+IN_FLIGHT_CALL = {**{state: "step" for state in IN_FLIGHT}, RESETTING: "reset", CALLING: "call", POOLING: "pool"}
 
 
 class Status:
@@ -175,8 +186,15 @@ class Status:
 
     @property
     def in_flight_call(self) -> str | None:
-        """What is in flight: "step", "reset" (``reset_async``), "call" (``call_async``) or None."""
+        """What is in flight: "step", "reset" (``reset_async``), "call" (``call_async``), "pool"
+        (the workers serve a pool) or None."""
         return IN_FLIGHT_CALL.get(self.state)
+
+    @property
+    def serving_pool(self) -> bool:
+        """The workers serve a pool: POOLING, or BROKEN by a failure in POOLING (the pool's close
+        still tells them to leave it)."""
+        return self.state is POOLING or (self.state is BROKEN and self._before is POOLING)
 
     @property
     def starting(self) -> bool:
@@ -268,14 +286,14 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def serialized(method: _F) -> _F:
-    """A front-end's public method, run under its engine's lock (``self._engine.status.lock``)."""
+    """A front-end's public method, run under its engine's lock (``self._engine.lock``)."""
 
     @functools.wraps(method)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         engine = self._engine
         if engine is None:
             return method(self, *args, **kwargs)
-        with engine.status.lock:
+        with engine.lock:
             return method(self, *args, **kwargs)
 
     return call  # type: ignore[return-value]

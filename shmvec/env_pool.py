@@ -32,7 +32,6 @@ from gymnasium.vector.utils import batch_space
 
 from shmvec import _pool
 from shmvec import _protocol as P
-from shmvec._actions import leaf_batch
 from shmvec._codec import load_result
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
@@ -47,12 +46,11 @@ from shmvec._frontend import (
     refuse_unknown_keywords,
     usable_engine,
 )
-from shmvec._layout import close_mapping, make_gather
+from shmvec._layout import close_mapping
 from shmvec._queue import IndexQueue, push_in_flight, release_in_flight
-from shmvec._rows import copy_actions
 from shmvec._seeds import gym_vector_seeds, per_env_values
 from shmvec._segment import create_segment
-from shmvec._state import FORKED, record, serialized
+from shmvec._state import POOLING, serialized
 from shmvec.factories import factory_list
 
 _CLOSE_S = 5.0
@@ -91,22 +89,12 @@ class _PoolResources:
 
 def write_action_rows(engine: Engine, actions: Any, ids: np.ndarray) -> None:
     """Writes row k of ``actions`` as env ``ids[k]``'s action, checked as ``send`` promises: the
-    batched form, or one action per env id (a list of dicts for a Dict space), as ShmVecEnv."""
-    # No local name for a view of the block: the traceback of an error raised here (kept by
-    # the caller) would keep the mapping open after close().
-    writer = engine.actions
-    for leaf, value in zip(writer.leaves, writer.leaf_values(actions, ids.size, "env ids")):
-        arr = leaf_batch(value, leaf, ids.size, "env ids")  # as ShmVecEnv: one row per id, cast exactly
-        check = writer.checks.get(leaf.path)
-        fast = writer.fast.get(leaf.path)
-        if check is not None and (fast is None or not copy_actions(arr, np.empty_like(arr), *fast)):
-            # Out of range, NaN (as ShmVecEnv, invalid_actions=), before anything is sent; the
-            # usual batch passed copy_actions' check in one C pass (docs/design.md).
-            try:
-                check(arr)
-            except InvalidActionError as exc:
-                raise by_env_id(exc, ids) from None
-        engine.views.act[leaf.path][ids] = arr.astype(leaf.dtype, copy=False)
+    batched form, or one action per env id (a list of dicts for a Dict space), as ShmVecEnv
+    (``shmvec._actions.ActionWriter.write_rows``); an invalid action is named by its env id."""
+    try:
+        engine.write_rows(actions, ids, "env ids")
+    except InvalidActionError as exc:
+        raise by_env_id(exc, ids) from None
 
 
 def check_late(engine: Engine, clock: _pool.SendClock | None, in_flight: np.ndarray, now: float) -> None:
@@ -119,14 +107,13 @@ def check_late(engine: Engine, clock: _pool.SendClock | None, in_flight: np.ndar
         return
     busy = sorted({engine.owner[i] for i in late})
     at = []
-    for w in busy:
-        stepping = engine.workers.env_of(w)
+    where, stacks = engine.stuck(busy)
+    for w, stepping in zip(busy, where):
         queued = [i for i in late if engine.owner[i] == w and i != stepping]
         at.append(f"; worker {w}" + ("" if stepping is None else f", in env {stepping}")
                   + (f" ({_named(queued)} queued behind it)" if queued and stepping is not None else ""))
-    stacks = engine.workers.stacks(busy)
     one = len(late) == 1
-    raise record(engine.status, WorkerTimeoutError(
+    raise engine.record(WorkerTimeoutError(
         f"pool recv: the step{'' if one else 's'} of {_named(late)} did not finish within {clock.timeout:g} s "
         f"of {'its' if one else 'their'} send() ({'sent' if one else 'the first sent'} {age:.1f} s ago){''.join(at)}. "
         + ("Where each was is shown above (faulthandler). " if stacks else "")
@@ -176,7 +163,6 @@ class ShmEnvPool(Uncopyable):
     # row_infos) batches only the final observations: no batching error for arrays of uneven length.
     batch_infos = True
     _pres: _PoolResources | None = None
-    _running = False
     _out_q: IndexQueue | None = None
     _in_qs: list = []
     _clock: _pool.SendClock | None = None  # with timeout=: when each env was sent (the timeout's check)
@@ -232,7 +218,6 @@ class ShmEnvPool(Uncopyable):
         self._in_flight = np.zeros(self.num_envs, dtype=np.bool_)
         self._pending_infos: dict[int, Any] = {}
         self._partial: list[int] = []
-        self._running = False
         self._starts = [sl.start for sl in engine.slices]
         # For push_in_flight (send): the same flags as bytes, each env's worker and first env.
         self._in_flight_u8 = self._in_flight.view(np.uint8)
@@ -242,7 +227,7 @@ class ShmEnvPool(Uncopyable):
         self._infos = InfoBatch(batch_size)
 
     def _attach_pool(self, engine: Engine, info_bytes: int) -> None:
-        if engine.pickled is not None:
+        if not engine.fixed_size:
             raise no_pickled_leaves(engine)
         layout = self._pool_layout = _pool.PoolLayout(engine.slices, info_bytes)
         pres = self._pres = _PoolResources()
@@ -261,9 +246,9 @@ class ShmEnvPool(Uncopyable):
         pres.views = (self._info_len, self._info_slots)
         targets = [sl.start for sl in engine.slices]  # one env per worker: each attaches once
         engine.call(P.Call.POOL_ATTACH, targets, (pres.shm.name, engine.slices, engine.num_envs, engine.n_workers,
-                                                    engine.layout.mailbox_bytes, info_bytes, engine.options.worker_spin_s))
+                                                    engine.options.mailbox_bytes, info_bytes, engine.options.worker_spin_s))
         pres.unlink()
-        self._obs_rows = make_gather(engine.observation_space, engine.views.obs, copy=False)
+        self._obs_rows = engine.obs_view
         self._term_obs = engine.term_obs
 
     # ---- the pool ---------------------------------------------------------------------------------------
@@ -292,9 +277,9 @@ class ShmEnvPool(Uncopyable):
         for items in results:
             for i, info in items:
                 self._pending_infos[i] = info
-        engine.views.rew[:] = 0.0  # (no local of the views: see _rows)
-        engine.views.terminated[:] = False
-        engine.views.truncated[:] = False
+        engine.rewards[:] = 0.0  # (no local of the views: see _rows)
+        engine.terminated[:] = False
+        engine.truncated[:] = False
         self._info_len[:] = 0
         try:
             # Every env is ready to be received; interrupted (Ctrl-C) part way, none is, so
@@ -323,7 +308,7 @@ class ShmEnvPool(Uncopyable):
         :raises ValueError: bad ids (out of range, repeated, already in flight) or actions.
         """
         engine = self._usable()
-        if not self._running:
+        if engine.state is not POOLING:
             raise ShmVecEnvError("send() before reset(): call reset() or async_reset() first")
         ids = checked_send_ids(env_ids, self.num_envs, self._in_flight)
         write_action_rows(engine, actions, ids)
@@ -360,7 +345,7 @@ class ShmEnvPool(Uncopyable):
             # Every POLL_S at most, not only when a wait comes back empty: other workers that keep
             # the pool fed must not hide a dead or hung one (its envs would stay in flight for ever).
             self._alive_at = now
-            engine.channel.check_alive("pool recv")
+            engine.check_alive("pool recv")
             check_late(engine, self._clock, self._in_flight, now)
         n = self.batch_size if order is None else len(order)
         in_flight = int(self._in_flight.sum())
@@ -379,7 +364,7 @@ class ShmEnvPool(Uncopyable):
                 if v is None:  # published, but an earlier slot is still being filled
                     v = out_q.pop_to(ids, P.POLL_S, self._spin, error_bit)
             if v is None:
-                engine.channel.check_alive("pool recv")
+                engine.check_alive("pool recv")
                 check_late(engine, self._clock, self._in_flight, time.monotonic())
                 continue
             if v & _pool.ERROR_BIT:
@@ -409,7 +394,7 @@ class ShmEnvPool(Uncopyable):
         :raises ValueError: bad ids or actions, as :meth:`send`.
         """
         engine = self._usable()
-        if not self._running:
+        if engine.state is not POOLING:
             raise ShmVecEnvError("step_envs() before reset(): call reset() or async_reset() first")
         if self._in_flight.any():
             raise ShmVecEnvError(
@@ -466,16 +451,16 @@ class ShmEnvPool(Uncopyable):
         engine, self._engine = self._engine, None
         try:
             if engine is not None:
-                # In a child of os.fork() the workers and the queues are the parent's: no STOP
-                # (the parent's pool would stop serving); engine.close() drops the child's mapping.
-                if self._running and engine.status.state is not FORKED:
+                # The workers serve the pool (or did when it broke): STOP first.  Not in a child
+                # of os.fork() (state FORKED): the workers and the queues are the parent's (its
+                # pool would stop serving); engine.close() drops the child's mapping.
+                if engine.serving_pool:
                     try:
                         self._stop_workers()  # workers still serving the pool then see CLOSE
-                        if engine.status.failure is None:
+                        if engine.failure is None:
                             engine.complete("pool", deadline_s=_CLOSE_S)
                     except BaseException:
                         pass  # close() below terminates what did not stop
-                self._running = False
                 self._obs_rows = self._term_obs = None
                 engine.close()
         finally:
@@ -511,31 +496,22 @@ class ShmEnvPool(Uncopyable):
     def _start(self) -> None:
         engine = self._engine
         assert engine is not None
-        # Running from before the post: interrupted after it, close() still stops the workers
-        # (it sends STOP only to a running pool; a worker serving the pool ignores CLOSE).
-        self._running = True
-        engine.post(P.Cmd.POOL)
+        # POOLING from before the post: interrupted after it, close() still stops the workers
+        # (it sends STOP only to a pool being served; a worker serving the pool ignores CLOSE).
+        engine.start_pool()
 
     def _stop_workers(self) -> None:
         for q in self._in_qs:
             q.push(_pool.STOP)
 
     def _stop(self) -> None:
-        """Stops a running pool: STOP to every worker, then waits for them to leave it.
-
-        Running until they have: interrupted (Ctrl-C) or failed half way, the engine is broken
-        and close() still sends STOP (a second one to a worker is never read).
-        """
-        if self._running:
-            engine = self._engine
-            assert engine is not None
-            try:
-                self._stop_workers()
-                engine.complete("pool")
-            except BaseException as exc:
-                engine.status.fail(exc)  # (complete() records what happens in its wait)
-                raise
-            self._running = False
+        """Stops a running pool (state POOLING): STOP to every worker, then waits for them to leave
+        it (state IDLE).  Interrupted (Ctrl-C) or failed half way, the engine is broken and close()
+        still sends STOP (a second one to a worker is never read): ``Engine.stop_pool``."""
+        engine = self._engine
+        assert engine is not None
+        if engine.state is POOLING:
+            engine.stop_pool(self._stop_workers)
 
     def set_batch_infos(self, on: bool) -> None:
         """Whether recv() batches infos as Gymnasium does (False: only the final observations;
@@ -544,12 +520,12 @@ class ShmEnvPool(Uncopyable):
 
     def _paused_call(self, name: str, args: tuple, indices: list[int] | None = None) -> tuple[Any, ...]:
         engine = self._usable()
-        running = self._running
+        running = engine.state is POOLING
         self._stop()
         try:
             return tuple(engine.call(name, indices, args))
         finally:
-            if running and engine.status.failure is None:
+            if running and engine.failure is None:
                 self._start()
 
     def _payload(self, i: int) -> Any:
@@ -562,9 +538,9 @@ class ShmEnvPool(Uncopyable):
         # its use: a traceback that keeps this frame (an info Gymnasium cannot batch raises in
         # ``add``) would keep the segment mapped after close().
         obs = self._obs_rows(idx)
-        rewards = engine.views.rew[idx]
-        terminated = engine.views.terminated[idx]
-        truncated = engine.views.truncated[idx]
+        rewards = engine.rewards[idx]
+        terminated = engine.terminated[idx]
+        truncated = engine.truncated[idx]
         infos: dict[str, Any] = {}
         # step_envs() returns as many rows as it was given ids, not batch_size.
         add = (self._infos if idx.size == self.batch_size else InfoBatch(idx.size))._add_info

@@ -32,7 +32,7 @@ from shmvec._errors import NoAsyncCallError
 from shmvec._seeds import env_indices, per_env_seeds, per_env_values
 from shmvec._state import serialized
 from shmvec._masks import METHOD as MASKS_METHOD
-from shmvec._frontend import FLAG_KEYS, agent_step_values, agents_engine, obs_leaves, rendered_images, served_masks
+from shmvec._frontend import FLAG_KEYS, agent_step_values, agents_engine, rendered_images, served_masks
 
 __all__ = ["ShmMultiAgentVecEnv"]
 
@@ -126,12 +126,11 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
     @property
     def restarts(self) -> int:
         """Workers restarted so far (``on_failure="restart"``)."""
-        restarts = self._engine.restarts
-        return 0 if restarts is None else restarts.count
+        return self._engine.restarted
 
     @property
     def closed(self) -> bool:
-        return self._engine is None or self._engine.status.closed
+        return self._engine is None or self._engine.closed
 
     def rows_of(self, env_index: int) -> range:
         """The rows of env ``env_index`` (one per agent, in ``possible_agents`` order)."""
@@ -179,9 +178,9 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
         """
         engine = self._engine
         engine.check_usable()
-        if not engine.status.waiting:
+        if not engine.waiting:
             raise NoAsyncCallError("step_wait() without a preceding step_async()")
-        engine.status.check_poster("step_wait")
+        engine.check_poster("step_wait")
         results = engine.complete_step()
         try:
             out = self._step_results(engine, results)
@@ -192,9 +191,9 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
     def _obs_rows(self, engine: Engine) -> np.ndarray:
         """The observations by row: a copy (``copy=True``), or a view of the shared memory, which
         with ``zero_copy`` no later step writes into while the caller holds it."""
-        arr = obs_leaves(engine)[("obs",)]
+        leaves, leased = engine.obs_buffers()
+        arr = leaves[("obs",)]
         arr = arr.reshape(self.num_envs, *arr.shape[2:])
-        leased = engine.leases is not None and engine.leases.block
         return arr.copy() if engine.options.copy and not leased else arr
 
     def _spread(self, e: int, info: dict, into: list[dict]) -> None:
@@ -211,9 +210,9 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
                 into[r] = {**into[r], **shared}
 
     def _step_results(self, engine: Engine, results: list[list]) -> VecEnvStepReturn:
-        views, n = engine.views, self.n_agents
+        n = self.n_agents
         ended, values = agent_step_values(engine, results)
-        env_done = views.terminated | views.truncated
+        env_done = engine.terminated | engine.truncated
         rew, term, trunc, active = (values[key].reshape(-1) for key in FLAG_KEYS)
         dones = np.repeat(env_done, n)
         infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
@@ -232,7 +231,7 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
         for r in np.flatnonzero((term | trunc) & ~dones):
             infos[r]["agent_terminated" if term[r] else "agent_truncated"] = True
         if ended.size:
-            term_obs = views.term_obs[("obs",)]
+            term_obs = engine.term_buffers[("obs",)]
             for e in ended:
                 for k, r in enumerate(self.rows_of(int(e))):
                     infos[r]["terminal_observation"] = term_obs[e, k].copy()

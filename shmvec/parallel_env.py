@@ -21,7 +21,7 @@ from shmvec._agents import agent_space
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
 from shmvec._errors import AlreadyPendingCallError, SpaceError
-from shmvec._frontend import agent_step_values, agents_engine, obs_leaves, served_masks
+from shmvec._frontend import agent_step_values, agents_engine, served_masks
 from shmvec._layout import Leaf
 from shmvec._seeds import per_env_seeds, per_env_values
 from shmvec._state import serialized
@@ -112,7 +112,7 @@ class ShmParallelEnv(Uncopyable):
 
     @property
     def closed(self) -> bool:
-        return self._engine is None or self._engine.status.closed
+        return self._engine is None or self._engine.closed
 
     def observation_space(self, agent: str) -> gym.Space:
         """``agent``'s observation space batched over envs (``Box (n_envs, *shape)``, or ``MultiDiscrete``)."""
@@ -147,7 +147,7 @@ class ShmParallelEnv(Uncopyable):
         options = per_env_values(dict(options or {}) if options is None or isinstance(options, Mapping) else options,
                                  self.num_envs, "options")
         results = engine.reset(seeds, options)
-        infos = self._new_infos(obs_leaves(engine)[("active",)])
+        infos = self._new_infos(engine.obs_buffers()[0][("active",)])
         for items in results:
             for e, info in items:
                 self._add_env_info(infos, e, info)
@@ -188,17 +188,17 @@ class ShmParallelEnv(Uncopyable):
         ``reset()`` drops it (the engine's own message would point at ``step_wait()``)."""
         engine = self._engine
         engine.check_usable()
-        if engine.status.in_flight_call == "step":
+        if engine.in_flight_call == "step":
             raise AlreadyPendingCallError(
                 f"{what}() while a step is in flight (a step() interrupted by Ctrl-C, its results not returned): "
                 "call reset() (it finishes that step and drops it), or close()")
         return engine
 
     def _obs(self, engine: Engine) -> dict[str, Any]:
-        obs = obs_leaves(engine)[("obs",)]
+        obs = engine.obs_buffers()[0][("obs",)]
         if not self._masked:
             return {a: obs[:, k].copy() for a, k in self._index.items()}
-        masks = engine.views.mask.reshape(self.num_envs, self.n_agents, -1)
+        masks = engine.mask_buffer.reshape(self.num_envs, self.n_agents, -1)
         return {a: {"observation": obs[:, k].copy(), "action_mask": masks[:, k].astype(np.int8)}
                 for a, k in self._index.items()}
 
@@ -228,7 +228,7 @@ class ShmParallelEnv(Uncopyable):
                     self._add_env_info(infos, e, info)
                 if reset_info:
                     self._add_env_info(infos, e, reset_info, "reset_info")
-        term_obs = engine.views.term_obs[("obs",)] if ended.size else None
+        term_obs = engine.term_buffers[("obs",)] if ended.size else None
         rewards, terminations, truncations = {}, {}, {}
         for agent, k in self._index.items():
             info = infos[agent]

@@ -168,7 +168,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         overridden = cls.step_async is not ShmVecEnv.step_async or cls.step_wait is not ShmVecEnv.step_wait
         # step()'s short way (one C call checks and copies the actions), unless a subclass
         # replaced step_async or step_wait, or restarts keep books of their own.
-        self._fast = engine.step_actions if not overridden and engine.restarts is None else None
+        self._fast = engine.step_actions if not overridden and not engine.options.restart else None
 
     # ---- options, as attributes ---------------------------------------------------------------------
     n_workers = property(lambda self: self._engine.n_workers)
@@ -178,7 +178,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
     @property
     def zero_copy(self) -> bool:
         """Whether observations are handed out without a copy (the ``zero_copy`` option, resolved)."""
-        return self._engine is not None and self._engine.leases is not None
+        return self._engine is not None and self._engine.zero_copy
     slices = property(lambda self: self._engine.slices)
     invalid_actions = property(lambda self: self._engine.options.invalid_actions)
     on_failure = property(lambda self: self._engine.options.on_failure)
@@ -191,17 +191,16 @@ class ShmVecEnv(Uncopyable, VecEnv):
     @property
     def restarts(self) -> int:
         """Workers restarted so far (``on_failure="restart"``)."""
-        restarts = self._engine.restarts
-        return 0 if restarts is None else restarts.count
+        return self._engine.restarted
 
     @property
     def closed(self) -> bool:
-        return self._engine is None or self._engine.status.closed
+        return self._engine is None or self._engine.closed
 
     @property
     def waiting(self) -> bool:
         """A step is in flight (``step_async`` without its ``step_wait``, or a step cut short by Ctrl-C)."""
-        return self._engine is not None and self._engine.status.waiting
+        return self._engine is not None and self._engine.waiting
 
     # ---- SB3 VecEnv API -----------------------------------------------------------------------------
     @serialized
@@ -248,17 +247,17 @@ class ShmVecEnv(Uncopyable, VecEnv):
         """
         engine = self._engine
         engine.check_usable()
-        if not engine.status.waiting:
+        if not engine.waiting:
             raise NoAsyncCallError("step_wait() without a preceding step_async()")
-        engine.status.check_poster("step_wait")
+        engine.check_poster("step_wait")
         return self._finish_step()
 
     def step(self, actions: np.ndarray) -> VecEnvStepReturn:
         """``step_async(actions)`` then ``step_wait()`` (SB3's ``VecEnv.step``), in fewer calls."""
         # (No local holds a view of the block: a traceback that keeps this frame would keep it mapped.)
         engine, own = self._engine, self.__dict__  # step_async/step_wait set on the object
-        with engine.status.lock:  # (serialized, as every public call: shmvec._state, "Threads")
-            if (self._fast is None or engine.status.state is not IDLE or "step_wait" in own or "step_async" in own
+        with engine.lock:  # (serialized, as every public call: shmvec._state, "Threads")
+            if (self._fast is None or engine.state is not IDLE or "step_wait" in own or "step_async" in own
                     or not copy_actions(actions, *self._fast)):
                 return super().step(actions)  # everything else, and every check and error message
             engine.post(P.Cmd.STEP)  # state POSTED
@@ -284,7 +283,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         # dict): a traceback keeping this frame would keep the block mapped after close().
         dones = np.empty(self.num_envs, dtype=bool)
         # dones = terminated | truncated; infos[i] = {"TimeLimit.truncated": truncated and not terminated}
-        infos, done_indices = step_infos(engine.views.terminated, engine.views.truncated, dones)
+        infos, done_indices = step_infos(engine.terminated, engine.truncated, dones)
         reset_infos = self.reset_infos
         for i in done_indices:
             reset_infos[i] = {}  # replaced below when the env's reset returned a non-empty info
@@ -298,7 +297,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         term = engine.term_leaf
         for i in done_indices:
             infos[i]["terminal_observation"] = term[i].copy() if term is not None else engine.term_obs(i)
-        return engine.obs_out(engine.options.copy), engine.views.rew.astype(np.float32), dones, infos
+        return engine.obs_out(engine.options.copy), engine.rewards.astype(np.float32), dones, infos
 
     def close(self) -> None:
         """Stops the workers and frees the shared memory.  Idempotent, bounded in time.
@@ -395,7 +394,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         engine = self._engine
         return describe_vec_env(engine.descriptions, dict(engine.options.given), n_envs=self.num_envs,
                                 n_workers=engine.n_workers, start_method=engine.options.start_method,
-                                seed=self._seed_arg, options=self._options_arg, decided=engine.options.explain() | {"parent_threads": engine.threads.as_dict()})
+                                seed=self._seed_arg, options=self._options_arg, decided=engine.explain())
 
     @classmethod
     def from_description(cls, description: dict[str, Any], **overrides: Any) -> ShmVecEnv:
@@ -411,7 +410,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
 
     def __del__(self) -> None:
         engine = self._engine
-        if engine is not None and not engine.status.closed:
+        if engine is not None and not engine.closed:
             try:
                 self.close()
             except Exception:

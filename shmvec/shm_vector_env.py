@@ -198,7 +198,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
             mailbox_bytes=mailbox_bytes, observation_mode=mode, zero_copy=zero_copy, **engine_kwargs,
         )
         self.num_envs = engine.num_envs
-        self.zero_copy = engine.leases is not None  # the option, resolved
+        self.zero_copy = engine.zero_copy  # the option, resolved
         self.context = engine.options.start_method
         self.metadata = dict(engine.metadata)
         self.metadata["autoreset_mode"] = self.autoreset_mode
@@ -350,7 +350,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         :raises WorkerDiedError: a worker died; the original exception type if an env raised.
         """
         engine = self._waiting_for("step")
-        engine.status.check_poster("step_wait")
+        engine.check_poster("step_wait")
         # A Ctrl-C here leaves the step in flight until its return is built: step_wait() collects
         # it, reset() finishes it and drops it.  A failed step (the engine is broken) leaves nothing.
         results = engine.complete_step(timeout)
@@ -367,9 +367,9 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         bookkeeping, ``_ended``, takes the same envs twice)."""
         # Copies; no local keeps a view of the shared block: a traceback that keeps this frame
         # (an info Gymnasium's _add_info cannot batch raises below) would keep it mapped after close().
-        terminated = engine.views.terminated.copy()
-        truncated = engine.views.truncated.copy()
-        rewards = engine.views.rew.copy()
+        terminated = engine.terminated.copy()
+        truncated = engine.truncated.copy()
+        rewards = engine.rewards.copy()
         infos: dict[str, Any] = {}
         if mode == AutoresetMode.SAME_STEP:
             by_env = {i: (info, reset_info) for items in results for i, info, reset_info in items}
@@ -479,11 +479,11 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         ``finish_step`` (reset); anything else in flight raises AlreadyPendingCallError, in
         Gymnasium's words and then ours."""
         engine = usable_engine(self)
-        pending = engine.status.in_flight_call
+        pending = engine.in_flight_call
         if pending == "step" and finish_step:
             engine.complete_step()  # raises what the step raised (the env is then broken)
             if self.autoreset_mode == AutoresetMode.DISABLED:  # the envs that ended in it still need a reset
-                self._ended |= engine.views.terminated | engine.views.truncated
+                self._ended |= engine.terminated | engine.truncated
             engine.finish_step()
         elif pending is not None:
             hint = ("step_async() not collected yet by step_wait(), or a step interrupted by Ctrl-C: call "
@@ -496,7 +496,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
     def _waiting_for(self, pending: str) -> Engine:
         """The engine, if ``pending`` ("step", "reset", "call") is in flight; NoAsyncCallError otherwise."""
         engine = usable_engine(self)
-        if engine.status.in_flight_call != pending:
+        if engine.in_flight_call != pending:
             raise NoAsyncCallError(f"Calling `{pending}_wait` without any prior call to `{pending}_async`.", pending)
         return engine
 

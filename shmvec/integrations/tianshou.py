@@ -29,6 +29,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from shmvec._errors import ShmVecEnvError
+from shmvec._frontend import batch_rows
 from shmvec.env_pool import ShmEnvPool
 
 
@@ -122,7 +123,7 @@ class ShmTianshouVectorEnv:
             take = np.asarray([rows[int(i)] for i in ids], dtype=np.int64)
             self._ended[:] = False
             self._started = True
-            return self._take(obs, take), self._infos([pool.row_infos[k][1] or {} for k in take.tolist()])
+            return batch_rows(obs, take), self._infos([pool.row_infos[k][1] or {} for k in take.tolist()])
         if not self._started:
             raise ShmVecEnvError("reset() of some envs before the first reset() of all")
         not_ended = ids[~self._ended[ids]]
@@ -217,12 +218,6 @@ class ShmTianshouVectorEnv:
         if self._noop is None:  # a Dict or Tuple action space: any valid action per env
             return batch_space(self.pool.single_action_space, n).sample()
         return np.repeat(self._noop[None], n, axis=0)
-
-    @staticmethod
-    def _take(obs: Any, rows: np.ndarray) -> Any:
-        if isinstance(obs, dict):
-            return {k: v[rows] for k, v in obs.items()}
-        return obs[rows]
 
     @staticmethod
     def _infos(dicts: list[dict]) -> np.ndarray:

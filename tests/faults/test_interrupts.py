@@ -32,6 +32,7 @@ import testenvs
 from helpers import assert_same, close_all
 
 from shmvec import AlreadyPendingCallError, BrokenVecEnvError, ShmVecEnv
+from shmvec._calls import RareCalls, check_idle
 from shmvec._engine import Engine
 from shmvec._link import Link, Links
 from shmvec._state import State, Status
@@ -280,8 +281,8 @@ def test_a_ctrl_c_at_any_line_of_a_vector_env_step_leaves_it_unsent_in_flight_or
         both_reset()
         for func, line, where in _every_line([
                 ShmVectorEnv.step, ShmVectorEnv.step_async, ShmVectorEnv.step_wait, ShmVectorEnv._step_return,
-                Engine.post_step, Engine.check_idle, Engine.post, Links.post, Engine._wake_posted, Links.wake,
-                Status.enter, Engine.complete_step, Engine.complete, Engine._complete_or_raise, Links.wait,
+                Engine.post_step, Engine.check_idle, check_idle, Engine.post, Links.post, Engine._wake_posted,
+                Links.wake, Status.enter, Engine.complete_step, Engine.complete, Engine._complete_or_raise, Links.wait,
                 Links.collect, Engine.finish_step]):
             act = rng.integers(0, 3, size=4)
             engine = env._engine
@@ -342,14 +343,14 @@ def test_a_ctrl_c_at_any_line_of_reset_async_or_call_async_and_their_waits_never
     outcomes: Counter = Counter()
     if what == "reset":
         funcs = [ShmVectorEnv.reset_async, ShmVectorEnv.reset_wait, ShmVectorEnv._usable, ShmVectorEnv._waiting_for,
-                 Engine.reset, Engine.reset_wait, Engine.check_idle, Engine.post, Links.post, Engine.complete,
+                 Engine.reset, Engine.reset_wait, Engine.check_idle, check_idle, Engine.post, Links.post, Engine.complete,
                  Engine._complete_or_raise, Links.wait, Links.collect, Status.enter]
         lost_at = {(Engine.reset_wait, "return results")}
     else:
-        funcs = [ShmVectorEnv.call_async, ShmVectorEnv.call_wait, Engine.call_async, Engine.call_wait,
-                 Engine.check_idle, RareCall.__init__, RareCall.result, Channel.send_call, Channel._send,
+        funcs = [ShmVectorEnv.call_async, ShmVectorEnv.call_wait, RareCalls.call_async, RareCalls.call_wait,
+                 check_idle, RareCall.__init__, RareCall.result, Channel.send_call, Channel._send,
                  Channel.answered, Channel.read_answers, Channel._read, Status.enter]
-        lost_at = {(Engine.call_wait, "self.pending_call = None"), (Engine.call_wait, "return call.result()")} | {
+        lost_at = {(RareCalls.call_wait, "self.pending = None"), (RareCalls.call_wait, "return call.result()")} | {
             (RareCall.result, _source_line(RareCall.result, n)) for n in _lines(RareCall.result)}
 
     def start_and_wait(arg: int) -> Any:

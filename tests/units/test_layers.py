@@ -253,3 +253,82 @@ def test_front_ends_share_helpers_through_their_own_module():
     bad = [line for module in dict(LAYERS)["front-ends"] if module not in SHARED_FRONTEND
            for line in _front_end_imports_of_others(module)]
     assert not bad, "helpers imported from another front-end's module (move them to SHARED_FRONTEND):\n" + "\n".join(bad)
+
+
+# ---- the engine is the only door (docs/design.md, "Layers"; shmvec._engine, "The door") -----------------
+# The layers above the engine, whose modules hold an engine (or a face that holds one) and may use
+# only its public surface, never one of its parts.
+DOOR_LAYERS = ("front-ends", "package", "ray", "integrations")
+
+
+def _engine_parts() -> tuple[str, ...]:
+    from shmvec._engine import Engine
+
+    return tuple(Engine.PARTS)
+
+
+def _chains_into_parts(path: Path, parts: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(line, chain) for every ``X.<part>.<anything>``, ``engine.<part>`` and ``X._engine.<part>`` in ``path``."""
+    flagged = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Attribute):
+            continue
+        inner = node.value
+        through_part = isinstance(inner, ast.Attribute) and inner.attr in parts
+        on_engine = node.attr in parts and (
+            (isinstance(inner, ast.Name) and inner.id == "engine")
+            or (isinstance(inner, ast.Attribute) and inner.attr == "_engine"))
+        if through_part or on_engine:
+            flagged.append(node)
+    inner_ones = {id(node.value) for node in flagged}  # engine.status within engine.status.fail: one finding
+    return sorted((node.lineno, ast.unparse(node)) for node in flagged if id(node) not in inner_ones)
+
+
+def test_engine_parts_are_declared():
+    """``Engine.PARTS`` names every attribute of a built engine that holds an object of the package
+    (a part: the workers, the links, the state, ...), but its options (data: shmvec._engine's docstring)."""
+    import testenvs
+
+    from shmvec._engine import Engine
+    from shmvec._options import Options
+
+    parts = _engine_parts()
+    assert "options" not in parts
+    held = set()
+    for options in ({"on_failure": "restart"}, {"zero_copy": True}):  # (the restarts; the leases)
+        engine = Engine(testenvs.spaces_env_fns("box", "discrete", 2), n_workers=2, start_method="fork", **options)
+        try:
+            held |= {name for name, value in vars(engine).items()
+                     if not name.startswith("_") and type(value).__module__.startswith("shmvec.")
+                     and not isinstance(value, Options) and not callable(value)}
+            assert all(hasattr(engine, name) for name in parts), [name for name in parts if not hasattr(engine, name)]
+        finally:
+            engine.close()
+    assert {"status", "workers", "restarts", "leases"} <= held, f"parts not found: the check reads too little ({held})"
+    assert held <= set(parts), f"parts of the engine missing from Engine.PARTS: {sorted(held - set(parts))}"
+
+
+def test_front_ends_use_only_the_engines_door():
+    """No module above the engine reaches into an engine part: ``engine.status.fail``,
+    ``self._engine.views.act``, ``record(engine.status, ...)`` are refused; the engine's public
+    surface (``engine.fail``, ``engine.rewards``, ``engine.record``, ...) is what a front-end calls."""
+    parts = _engine_parts()
+    modules = [m for m in MODULES if LAYERS[_layer_of(m)][0] in DOOR_LAYERS and MODULES[m].suffix == ".py"]
+    assert "shmvec.env_pool" in modules and "shmvec.ray.vec_env" in modules
+    bad = [f"{module}:{line} {chain}" for module in modules for line, chain in _chains_into_parts(MODULES[module], parts)]
+    assert not bad, "front-ends reaching past the engine into its parts (use the engine's public surface):\n" + \
+        "\n".join(bad)
+
+
+def test_the_door_check_sees_a_chain():
+    """The check finds the chains it refuses (so that a pass above means something)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "face.py"
+        path.write_text("def f(self, engine):\n    engine.status.fail(1)\n    record(engine.status, 2)\n"
+                        "    self._engine.views.act[()] = 0\n    x = self._engine.links\n"
+                        "    engine.fail(3)\n    return engine.options.copy, engine.rewards\n")
+        found = _chains_into_parts(path, ("status", "views", "links"))
+    assert found == [(2, "engine.status.fail"), (3, "engine.status"), (4, "self._engine.views.act"),
+                     (5, "self._engine.links")], found
