@@ -60,6 +60,8 @@ class ShmVecEnvPool(Uncopyable, VecEnv):
     """
 
     _pool: ShmEnvPool | None = None
+    # SB3's pairing: a step_async() whose step_wait() has not returned.  Not the pool's state (its
+    # engine's POOLING, from reset to close, whether or not a step is asked for), so its own.
     waiting = False
     _received: tuple | None = None  # a batch recv() returned that step_wait() has not returned yet
     _built: tuple | None = None  # that batch as step_wait() returns it, once built
