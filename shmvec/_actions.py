@@ -362,13 +362,14 @@ class ActionWriter:
                 in_pipe[w] = data
         return in_pipe
 
-    def write_rows(self, actions: Any, rows: np.ndarray, what: str = "env ids") -> None:
+    def write_rows(self, actions: Any, rows: np.ndarray, what: str = "env ids",
+                   relabel: Callable[[InvalidActionError, np.ndarray], InvalidActionError] | None = None) -> None:
         """Writes row k of ``actions`` as env ``rows[k]``'s action (a pool's ``send``): the batched
         form, or one action per row (a list of dicts for a Dict space), each leaf cast exactly
         (:func:`leaf_batch`) and checked before it is written.
 
         :raises ValueError: as :meth:`write` (``what`` names the rows); ``InvalidActionError`` names
-            the rows of ``actions`` that failed (the caller may name them its own way)."""
+            the rows of ``actions`` that failed, or is what ``relabel(error, rows)`` makes of it."""
         # No local name for a view of the block: the traceback of an error raised here (kept by
         # the caller) would keep the mapping open after close().
         n = rows.size
@@ -379,7 +380,12 @@ class ActionWriter:
             if check is not None and (fast is None or not copy_actions(arr, np.empty_like(arr), *fast)):
                 # Out of range, NaN (invalid_actions=), before anything is sent; the usual batch
                 # passed copy_actions' check in one C pass (docs/design.md).
-                check(arr)
+                try:
+                    check(arr)
+                except InvalidActionError as exc:
+                    if relabel is None:
+                        raise
+                    raise relabel(exc, rows) from None
             self.buffers[leaf.path][rows] = arr.astype(leaf.dtype, copy=False)
 
     def leaf_values(self, actions: Any, n_rows: int, rows: str = "envs") -> list:

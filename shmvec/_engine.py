@@ -277,7 +277,7 @@ class Engine:
         :raises ValueError: the actions do not fit (``InvalidActionError``: NaN or out of range).
         :raises AlreadyPendingCallError: a step is already in flight.
         """
-        self.check_idle("step_async")
+        check_idle(self.status, "step_async")
         in_pipe = self.actions.write(actions, checked)  # pickled actions too large for a mailbox (None: none)
         try:  # (restarted envs that await their truncation report are not stepped)
             self.post(P.Cmd.STEP, skip=self.restarts.fresh if self.restarts is not None else ())
@@ -355,7 +355,7 @@ class Engine:
         if self.status.waiting:  # left in flight (a Ctrl-C, or step_async() without step_wait()): dropped
             self.complete_step()
             self.finish_step()
-        self.check_idle("reset" if wait else "reset_async")
+        check_idle(self.status, "reset" if wait else "reset_async")
         decide(self.threads, self.n_workers, self.options.public_name)  # until torch is loaded
         in_pipe = write_reset_args(self, seeds, options, mask)
         try:

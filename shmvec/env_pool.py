@@ -35,7 +35,7 @@ from shmvec import _protocol as P
 from shmvec._codec import load_result
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
-from shmvec._errors import InvalidActionError, ShmVecEnvError, SpaceError, WorkerTimeoutError
+from shmvec._errors import ShmVecEnvError, SpaceError, WorkerTimeoutError
 from shmvec._frontend import (
     ENGINE_OPTIONS,
     InfoBatch,
@@ -85,16 +85,6 @@ class _PoolResources:
         if self.shm is not None:
             self.unlink()
             close_mapping(self.shm)
-
-
-def write_action_rows(engine: Engine, actions: Any, ids: np.ndarray) -> None:
-    """Writes row k of ``actions`` as env ``ids[k]``'s action, checked as ``send`` promises: the
-    batched form, or one action per env id (a list of dicts for a Dict space), as ShmVecEnv
-    (``shmvec._actions.ActionWriter.write_rows``); an invalid action is named by its env id."""
-    try:
-        engine.write_rows(actions, ids, "env ids")
-    except InvalidActionError as exc:
-        raise by_env_id(exc, ids) from None
 
 
 def check_late(engine: Engine, clock: _pool.SendClock | None, in_flight: np.ndarray, now: float) -> None:
@@ -311,7 +301,9 @@ class ShmEnvPool(Uncopyable):
         if engine.state is not POOLING:
             raise ShmVecEnvError("send() before reset(): call reset() or async_reset() first")
         ids = checked_send_ids(env_ids, self.num_envs, self._in_flight)
-        write_action_rows(engine, actions, ids)
+        # Checked as ShmVecEnv checks its actions (shmvec._actions.ActionWriter.write_rows), an
+        # invalid one named by its env id.
+        engine.write_rows(actions, ids, "env ids", by_env_id)
         if self._clock is not None:
             self._clock.sent(ids)
         # Marked and pushed in one C call: a Ctrl-C lands before (nothing sent) or after (all sent).
@@ -404,7 +396,7 @@ class ShmEnvPool(Uncopyable):
         ids = checked_send_ids(env_ids, self.num_envs, self._in_flight)
         if ids.size == 0:
             raise ValueError("step_envs() needs at least one env id")
-        write_action_rows(engine, actions, ids)
+        engine.write_rows(actions, ids, "env ids", by_env_id)
         if self._clock is not None:
             self._clock.sent(ids)
         push_in_flight(self._in_qs, self._in_flight_u8, ids, self._owner, self._starts_i64)
