@@ -18,8 +18,8 @@ here (the protocol, steps 1-3, 7 and 8 of :mod:`shmvec._protocol`):
 The sequence numbers are the links' own (:attr:`Links.seqs`, worker w's at ``seqs[w]``): the
 last CMD_SEQ the parent stored for each worker, which DONE_SEQ equals once that worker is done
 (:attr:`Link.done`).  Nothing else in the parent writes a control word, except OBS_BLOCK
-(:meth:`shmvec._leases.Leases.pick`, handed :attr:`Links.words`) and, for action leaves without
-a fixed size, ARG_LEN (:class:`shmvec._actions.ActionWriter`, which writes their mailboxes itself).
+(:meth:`shmvec._leases.Leases.pick`, handed :attr:`Links.words`); the pickled values of action
+leaves without a fixed size go through :meth:`Link.put_arg` too (:class:`shmvec._actions.ActionWriter`).
 
 The links wait on and read shared memory only: a pipe read is the caller's function
 (``recv``, :meth:`shmvec._channel.Channel.recv_raw`, whose waits notice a dead worker), and what

@@ -211,8 +211,8 @@ before its decrement, so DONE_SEQ[w] != seq[w] tells them), then stores
 PENDING <- 0.  It stops the failed worker (a live one gets CLOSE, with its own
 bump of CMD_SEQ[w]), reaps it and zeroes CMD_SLEEPERS[w] (a worker killed in
 its futex wait stays counted).  The new worker cannot open the segment by name
-(unlinked): after its "spaces" message the parent sends ("attach_fd", sizes)
-and then the segment's descriptor itself (SCM_RIGHTS through the worker's
+(unlinked): after its "spaces" message the parent sends ("attach_fd", an
+Attach record of shmvec._startup_args) and then the segment's descriptor itself (SCM_RIGHTS through the worker's
 pipe, multiprocessing.reduction.send_handle); the worker maps it
 (shmvec._segment.FdSegment), reads CMD_SEQ[w] as its last seen command and
 answers "ready".  The parent then posts RESET to the new workers only
