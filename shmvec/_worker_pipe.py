@@ -212,9 +212,9 @@ def _action_masks_off(worker: Worker, env: gym.Env, i: int, args: tuple) -> None
 
 def _pool_attach(worker: Worker, env: gym.Env, i: int, args: tuple) -> None:
     """Once per worker: attach the pool's segment (shmvec._pool).  ``args``: (indices, the
-    segment's name, the slices, ..., info_bytes, spin); the block's sizes that come between
-    are not read: the pool reads the actions through the worker's own layout."""
-    worker.pool = PoolServer(worker, args[1], args[2], args[-2], args[-1])
+    segment's name, the slices, info_bytes, spin); the pool reads the actions through the
+    worker's own layout."""
+    worker.pool = PoolServer(worker, *args[1:])
 
 
 RARE_COMMANDS: dict[str, Handler] = {

@@ -235,8 +235,7 @@ class ShmEnvPool(Uncopyable):
             self._clock = _pool.SendClock(engine.num_envs, engine.timeout, layout.finished_view(buf))
         pres.views = (self._info_len, self._info_slots)
         targets = [sl.start for sl in engine.slices]  # one env per worker: each attaches once
-        engine.call(P.Call.POOL_ATTACH, targets, (pres.shm.name, engine.slices, engine.num_envs, engine.n_workers,
-                                                    engine.options.mailbox_bytes, info_bytes, engine.options.worker_spin_s))
+        engine.call(P.Call.POOL_ATTACH, targets, (pres.shm.name, engine.slices, info_bytes, engine.options.worker_spin_s))
         pres.unlink()
         self._obs_rows = engine.obs_view
         self._term_obs = engine.term_obs
