@@ -31,6 +31,10 @@ from gymnasium import spaces
 __all__ = ["children", "assembler", "is_keyed", "batched_form", "child_values"]
 
 
+def _not_a_container(space: spaces.Space) -> TypeError:
+    return TypeError(f"{type(space).__name__} is not a container space (Dict or Tuple)")
+
+
 @singledispatch
 def children(space: spaces.Space) -> list[tuple[Any, spaces.Space]] | None:
     """The ``(key, subspace)`` pairs of a container space, in order; ``None`` for a leaf."""
@@ -54,7 +58,7 @@ def assembler(space: spaces.Space, top_dict: type = dict) -> Callable[[Iterable[
 
     :raises TypeError: ``space`` is not a container.
     """
-    raise TypeError(f"{type(space).__name__} is not a container space (Dict or Tuple)")
+    raise _not_a_container(space)
 
 
 @assembler.register
@@ -71,7 +75,7 @@ def _(space: spaces.Tuple, top_dict: type = dict) -> Callable[[Iterable[Any]], A
 @singledispatch
 def is_keyed(space: spaces.Space) -> bool:
     """Whether a container's value is reached by key (a mapping) rather than by position."""
-    raise TypeError(f"{type(space).__name__} is not a container space (Dict or Tuple)")
+    raise _not_a_container(space)
 
 
 @is_keyed.register
@@ -87,7 +91,7 @@ def _(space: spaces.Tuple) -> bool:
 @singledispatch
 def batched_form(space: spaces.Space) -> str:
     """The batched form of a container's value, in words, for error messages."""
-    raise TypeError(f"{type(space).__name__} is not a container space (Dict or Tuple)")
+    raise _not_a_container(space)
 
 
 @batched_form.register
@@ -104,5 +108,5 @@ def child_values(space: spaces.Space, value: Any) -> list[Any]:
     """The children's parts of a container's ``value`` (``value[key]`` for each of :func:`children`'s keys)."""
     kids = children(space)
     if kids is None:
-        raise TypeError(f"{type(space).__name__} is not a container space (Dict or Tuple)")
+        raise _not_a_container(space)
     return [value[key] for key, _ in kids]
