@@ -12,6 +12,8 @@ its own:
 - :class:`shmvec._restarts.Restarts`: ``on_failure="restart"`` (absent otherwise), which sees the
   engine through a :class:`shmvec._restarts.RestartHost`;
 - :class:`shmvec._calls.RareCalls`: the rare-call path (``call``, ``call_async``, ``call_wait``);
+- :class:`shmvec._placement.Placement`: where the workers run, spread or packed off the parent's
+  core, chosen by measuring both (absent where the user placed them or no worker shares its core);
 - :class:`shmvec._state.Status`: the parent's single state (its diagram is there).
 
 The engine decides what a command does to that state: :meth:`post` has the links post a command
@@ -32,7 +34,7 @@ The door.  A front-end holds an engine and uses only its public surface, never a
   :meth:`stop_pool` (and :meth:`complete` of "pool" in a pool's close), :meth:`close`, :meth:`closing`;
 - the state, read: ``lock``, ``state``, ``closed``, ``waiting``, ``in_flight_call``, ``failure``,
   ``serving_pool`` (the :class:`shmvec._state.Status` fields, read through C getters: no Python
-  frame on the step path), and checked: :meth:`check_usable`, :meth:`check_idle`,
+  frame on the step path), and checked: ``check_usable``, :meth:`check_idle`,
   ``check_poster``; changed only by a failure a front-end finds: ``fail``, :meth:`record`;
 - the workers: ``check_alive`` (dead ones raise), :meth:`stuck` (where late ones are, and their
   stacks), :attr:`restarted`;
@@ -97,6 +99,7 @@ from shmvec._machine import start_forkserver
 from shmvec._options import Options
 from shmvec._pickled_leaves import pickled_leaves
 from shmvec._pickling import pickle_factories
+from shmvec._placement import Placement, placement_for
 from shmvec._registrations import pack_registrations
 from shmvec._restarts import RestartHost, Restarts
 from shmvec._seeds import env_indices
@@ -118,7 +121,7 @@ class Engine:
 
     # The parts: no front-end reaches them (the module docstring, "The door"; tests/units/test_layers.py).
     PARTS = ("status", "workers", "links", "channel", "restarts", "actions", "leases", "views", "layout", "pickled",
-             "threads", "registrations", "calls", "words", "seqs")
+             "threads", "registrations", "calls", "words", "seqs", "placement")
 
     # The state, read through C getters (no Python frame: the step's short way reads lock and state).
     lock = property(attrgetter("status.lock"), doc="The lock every public call of a front-end holds.")
@@ -142,6 +145,8 @@ class Engine:
     leases: Leases | None = None  # zero_copy's lease blocks (shmvec._leases), when on
     masks_in_shm = False  # whether the workers write action masks into shared memory (``action_masks``)
     threads: Decision | None = None  # the parent's torch threads (shmvec._threads), decided once torch is loaded
+    placement: Placement | None = None  # where the workers run (shmvec._placement), where it is measured
+    parent_spin_s = 0.0  # the parent's spin while it waits: the options', or the placement's
     # Views of the block for the front-ends (None once closed): the step's outcome, the terminal
     # observations' and the masks' buffers; a pool's rows of actions (ActionWriter.write_rows).
     rewards = terminated = truncated = term_buffers = mask_buffer = write_rows = None
@@ -152,7 +157,8 @@ class Engine:
                  pickled_batch: Callable[[list], Any] = tuple, observation_mode: Any = None,
                  **options: Any) -> None:
         self.status = status = Status(options.get("public_name", "ShmVecEnv"))
-        self.fail, self.check_poster = status.fail, status.check_poster  # (bound once: see "The door")
+        # (bound once: see "The door"; check_usable raises ClosedVecEnvError or BrokenVecEnvError)
+        self.fail, self.check_poster, self.check_usable = status.fail, status.check_poster, status.check_usable
         self.observation_mode = observation_mode  # None (SB3's faces), "same", "different" or a space
         opts, env_fns = Options.build(env_fns, **options)
         self.options = opts
@@ -189,6 +195,11 @@ class Engine:
         self.call, self.call_async, self.call_wait = calls.call, calls.call_async, calls.call_wait  # (the door)
         status.enter(IDLE)
         self.threads = decide(Decision(opts.parent_threads), self.n_workers, opts.public_name)
+        self.parent_spin_s = opts.parent_spin_s
+        self._placement_plan, self.placement = placement_for(opts, workers.pids, self._spin)
+
+    def _spin(self, spin_s: float) -> None:
+        self.parent_spin_s = spin_s  # (the placement's choice)
 
     # ---- start-up -----------------------------------------------------------------------------------
     def _start(self, pickled_batch: Callable[[list], Any]) -> None:
@@ -226,10 +237,6 @@ class Engine:
             self.zero_copy = True
 
     # ---- facts ------------------------------------------------------------------------------------
-    def check_usable(self) -> None:
-        """:raises ClosedVecEnvError, BrokenVecEnvError: see :class:`shmvec._state.Status`."""
-        self.status.check_usable()
-
     def check_idle(self, what: str) -> None:
         """Usable, and nothing in flight (else AlreadyPendingCallError: a step, reset_async, call_async, a pool)."""
         check_idle(self.status, what)
@@ -260,7 +267,8 @@ class Engine:
 
     def explain(self) -> dict[str, Any]:
         """What the engine decided and why (``describe()["decided"]``): the options', the parent's threads."""
-        return self.options.explain() | {"parent_threads": self.threads.as_dict()}
+        return self.options.explain() | {"parent_threads": self.threads.as_dict(),
+                                         "placement": (self.placement or self._placement_plan).as_dict()}
 
     def obs_buffers(self) -> tuple[dict, bool]:
         """The buffers (by leaf path) of the observations of the last step or reset, and whether
@@ -398,7 +406,7 @@ class Engine:
         """Before a post: tells the workers on which core the parent will sleep (STEP only, and
         only when it does not spin), clears the early-wake flag (protocol, "Early wake"), and
         picks the block the observations go to (zero_copy)."""
-        self.links.arm(current_cpu() if cmd == P.Cmd.STEP and self.options.parent_spin_s == 0.0 else -1)
+        self.links.arm(current_cpu() if cmd == P.Cmd.STEP and self.parent_spin_s == 0.0 else -1)
         if self.leases is not None:  # where the observations go (block 0 without leases: never changes)
             self.leases.pick(cmd, self.links.words)
 
@@ -413,6 +421,8 @@ class Engine:
             all_posted = self.links.post(code, targets)
             if code == _STEP:  # here, not in the caller: a Ctrl-C may land as post() returns
                 self.threads.posting()  # the parent's gap since the last step (shmvec._threads)
+                if self.placement is not None:
+                    self.placement.posting()  # the period since the last post (shmvec._placement)
                 self.done_step = None
                 self.status.poster = get_ident()
                 self.status.enter(POSTED)
@@ -466,7 +476,7 @@ class Engine:
         limit = self.timeout if deadline_s is None else deadline_s
         since = time.monotonic()  # the timeout is real time: a loaded machine makes each poll longer
         poll = P.POLL_S if give_up_s is None else max(0.0, min(P.POLL_S, give_up_s))
-        while not links.wait(self.options.parent_spin_s, poll):  # every poll: are they alive, late?
+        while not links.wait(self.parent_spin_s, poll):  # every poll: are they alive, late?
             self.channel.check_alive(command)
             if limit is not None and time.monotonic() - since >= limit:
                 raise late_error(self, command, limit)

@@ -247,7 +247,7 @@ OPTIONS: tuple[Option, ...] = (
            check=at_least(1)),
     Option("cpu_affinity", "bool | Sequence[int | Sequence[int]] | None", None,
            "`True` pins worker w to the w-th core this process may use; a list of cores or core sets sets them "
-           "per worker",
+           "per worker; `False` leaves them where the scheduler puts them ([placement](design.md#placement))",
            plain=cores_plain),  # checked against n_workers: Options.build (shmvec._machine.cpu_sets)
     Option("preload", "Sequence[str] | None", None,
            "modules the forkserver imports once ([preloading](multiprocessing.md#the-main-guard-and-heavy-imports))",

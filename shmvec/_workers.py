@@ -257,6 +257,10 @@ class WorkerSet:
         return self.shm._fd
 
     # ---- who is alive -------------------------------------------------------------------------------
+    def pids(self) -> list[int]:
+        """The workers' process ids now (a restart replaces a process)."""
+        return [p.pid for p in self.processes]
+
     def dead(self, workers: Sequence[int] | None = None) -> list[int]:
         """The workers (of ``workers``, default all) whose process has exited, sorted."""
         if workers is None:

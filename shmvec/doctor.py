@@ -13,6 +13,8 @@ Checks, each with a status (``ok``, ``info``, ``warn``, ``fail``) and advice:
   exceed the cores);
 - ``parent-threads``: torch's default threads here, and what ShmVecEnv's ``parent_threads="auto"``
   will set them to while its workers run (shmvec._threads);
+- ``placement``: whether ShmVecEnv will measure packing its workers off the parent's core
+  (shmvec._placement: where a worker shares the parent's core) or leave them to the scheduler, and why;
 - ``env`` (with ``--env``): one env step timed in a bare loop against ShmVecEnv's round trip,
   measured here: does the IPC overhead dominate, so that ``DummyVecEnv`` would be as fast?
   ``--measure`` also times both side by side.
@@ -287,6 +289,21 @@ def check_parent_threads(torch_threads: int | None, cores: int, workers: int,
                  data)
 
 
+def check_placement(workers: int, busy: float | None = None) -> Check:
+    """Whether ShmVecEnv's workers get placement trials here (shmvec._placement.plan)."""
+    from shmvec._placement import plan
+
+    taken = int(busy) if busy else 0
+    placed = plan(workers, {}, taken)
+    data = {"workers": workers, "trials": placed.on, "why": placed.why}
+    if placed.on:
+        return Check("placement", "ok", f"{workers} workers on these cores: {placed.why} (spread over every core, "
+                     "or packed off the parent's; describe()['decided']['placement'] says which, and why)",
+                     "To leave the workers where the scheduler puts them, pass cpu_affinity=False.", data)
+    return Check("placement", "ok", f"{workers} worker(s): the workers stay where the scheduler puts them "
+                 f"({placed.why})", "", data)
+
+
 def torch_default_threads() -> int | None:
     """torch's intra-op threads in a fresh interpreter (its default here), or None without torch."""
     try:
@@ -479,7 +496,8 @@ def diagnose(env: str | None = None, n_envs: int | None = None, workers: int | N
     budget = cpu_budget()
     cores = budget.chosen
     n_workers = workers or (min(n_envs, cores) if n_envs else cores)
-    checks = [check_cores(workers, n_envs, busy=busy_cores(), budget=budget)]
+    busy = busy_cores()
+    checks = [check_cores(workers, n_envs, busy=busy, budget=budget)]
     needed = None
     if env:
         try:
@@ -492,6 +510,7 @@ def diagnose(env: str | None = None, n_envs: int | None = None, workers: int | N
     checks.append(check_start_method(start_method))
     checks.append(check_threads(cores=cores, workers=n_workers))
     checks.append(check_parent_threads(torch_default_threads(), cores, n_workers))
+    checks.append(check_placement(n_workers, busy))
     if env:
         checks.append(check_env(env, n_envs or n_workers, n_workers, measure=measure))
     return checks

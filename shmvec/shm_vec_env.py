@@ -88,7 +88,9 @@ class ShmVecEnv(Uncopyable, VecEnv):
         own, for simulators that allow one instance per process.
     :param cpu_affinity: pin workers to cores (Linux): True pins worker w to the w-th core this
         process may use (cycling); a list gives worker w entry ``w % len(list)``, a core or a
-        collection of cores.  None (default): no pinning.
+        collection of cores.  None (default): no pinning; where a worker shares the parent's core,
+        shmvec measures whether moving the workers off it makes the loop faster, and keeps the
+        faster (docs/design.md, "Placement").  False: no pinning and no such move.
     :param preload: module names the forkserver imports once (e.g. ``["torch"]``), so that workers
         forked from it do not import them again; ``start_method="forkserver"`` only.  The
         forkserver is one per process and started once: see :func:`shmvec.set_forkserver_preload`.

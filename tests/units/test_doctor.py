@@ -141,11 +141,12 @@ def test_diagnose_unbuildable_env_fails():
 def test_cli_json(capsys):
     rc = doctor.main(["--env", "CartPole-v1", "--n-envs", "4", "--workers", "2", "--json"])
     checks = json.loads(capsys.readouterr().out)
-    assert [c["name"] for c in checks] == ["cores", "shm", "start-method", "threads", "parent-threads", "env"]
+    assert [c["name"] for c in checks] == ["cores", "shm", "start-method", "threads", "parent-threads",
+                                           "placement", "env"]
     assert rc == 0
     shm = checks[1]
     assert shm["data"]["needed_bytes"] > 0
-    assert checks[5]["data"]["predicted_speedup"] > 0
+    assert checks[6]["data"]["predicted_speedup"] > 0
 
 
 def test_cli_measure_text(capsys):
@@ -202,6 +203,18 @@ def test_cli_text_prints_the_budget(monkeypatch, capsys):
     assert doctor.main(["--json"]) == 0
     cores = json.loads(capsys.readouterr().out)[0]
     assert cores["name"] == "cores" and cores["data"]["budget"]["chosen"] == 2
+
+
+def test_placement_says_whether_the_workers_are_placed():
+    from shmvec._placement import plan
+
+    c = doctor.check_placement(1)
+    assert c.status == "ok" and "one worker" in c.detail and not c.data["trials"]
+    workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+    c = doctor.check_placement(workers)
+    assert c.data["trials"] == plan(workers, {}, 0).on and c.data["why"] in c.detail
+    if c.data["trials"]:
+        assert "cpu_affinity=False" in c.advice
 
 
 def test_parent_threads_says_what_shmvec_will_set():

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("factories", ["shmvec._pickling", "shmvec._seeds", "shmvec._mainload", "shmvec._machine", "shmvec._describe", "shmvec.factories",
                    "shmvec._registrations", "shmvec._options", "shmvec._agents", "shmvec._threads"]),
     ("worker", ["shmvec._worker", "shmvec._worker_envs", "shmvec._worker_pipe", "shmvec._pool"]),
-    ("engine parts", ["shmvec._state", "shmvec._link", "shmvec._leases", "shmvec._workers", "shmvec._channel", "shmvec._restarts", "shmvec._calls", "shmvec._engine"]),
+    ("engine parts", ["shmvec._state", "shmvec._link", "shmvec._leases", "shmvec._workers", "shmvec._channel", "shmvec._restarts", "shmvec._calls", "shmvec._placement", "shmvec._engine"]),
     ("front-ends", ["shmvec._frontend", "shmvec.shm_vec_env", "shmvec.shm_vector_env", "shmvec.env_pool",
                     "shmvec.vec_env_pool", "shmvec.multi_agent_vec_env", "shmvec.parallel_env"]),
     ("package", ["shmvec"]),

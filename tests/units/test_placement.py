@@ -1,0 +1,156 @@
+"""Where the workers run (shmvec._placement): trials measure both placements and keep the faster,
+on real processes with real CPU affinity; steps stay equal to DummyVecEnv's while placements
+switch; a worker whose affinity cannot be set stops the trials, and nothing else."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from shmvec import ShmVecEnv, make_env
+from shmvec import _placement as PL
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                                reason="placement needs os.sched_setaffinity and two CPUs")
+
+CORES = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+
+
+@pytest.fixture
+def sleepers():
+    """Two real processes (the workers' stand-ins: only their affinity is set)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], stdin=subprocess.DEVNULL)
+             for _ in range(2)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def drive(placement: PL.Placement, steps: int, packed_s: float, spread_s: float) -> None:
+    """``steps`` posts, each after the loop's time in the current placement."""
+    for _ in range(steps):
+        time.sleep(packed_s if placement.packed else spread_s)
+        placement.posting()
+
+
+def trial_steps() -> int:
+    return 2 * (PL.SETTLE + PL.WINDOW)
+
+
+def test_a_trial_keeps_the_faster_placement_and_moves_only_the_workers(sleepers):
+    spins = []
+    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, spins.append, 0.0)
+    parent_before = os.sched_getaffinity(0)
+    drive(pl, trial_steps(), packed_s=0.0002, spread_s=0.003)
+    assert pl.packed and pl.phase == "hold" and pl.trials == 1, pl.as_dict()
+    for p in sleepers:
+        cores = os.sched_getaffinity(p.pid)
+        assert cores < CORES and len(cores) == len(CORES) - 1  # every core but the parent's
+    assert os.sched_getaffinity(0) == parent_before  # the user's process is never moved
+    assert spins[-1] == PL.PACKED_SPIN_S  # packed, the parent spins on its own core
+    shown = pl.as_dict()
+    assert shown["value"] == "packed" and "spread" in shown["why"] and "packed" in shown["why"]
+    # The next trial (after the hold), with the loop now faster spread: back to every core.
+    pl.countdown = 1
+    drive(pl, 1 + trial_steps(), packed_s=0.003, spread_s=0.0002)
+    assert not pl.packed and pl.trials == 2, pl.as_dict()
+    for p in sleepers:
+        assert os.sched_getaffinity(p.pid) == CORES
+    assert spins[-1] == 0.0 and pl.hold == PL.HOLD  # a changed choice holds the shortest time
+
+
+def test_a_choice_kept_again_is_held_twice_as_long(sleepers):
+    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
+    drive(pl, trial_steps(), packed_s=0.003, spread_s=0.0002)
+    assert not pl.packed and pl.hold == PL.HOLD
+    pl.countdown = 1
+    drive(pl, 1 + trial_steps(), packed_s=0.003, spread_s=0.0002)
+    assert not pl.packed and pl.trials == 2 and pl.hold == 2 * PL.HOLD
+    assert pl.switches == 4  # each trial packed once to measure it, then spread back
+
+
+def test_packed_must_win_by_the_margin(sleepers):
+    """Equal loops: the placement stays spread (a switch has a cost; noise must not flip it)."""
+    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
+    drive(pl, trial_steps(), packed_s=0.002, spread_s=0.002)
+    assert not pl.packed and pl.trials == 1
+
+
+def test_a_worker_whose_affinity_cannot_be_set_stops_the_trials(sleepers):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid names no process
+    spins = []
+    pl = PL.Placement(lambda: [sleepers[0].pid, gone.pid], CORES, spins.append, 0.0)
+    drive(pl, trial_steps(), packed_s=0.0002, spread_s=0.003)
+    shown = pl.as_dict()
+    assert shown["value"] == "off" and "ProcessLookupError" in shown["why"], shown
+    assert not pl.packed and spins[-1] == 0.0
+    assert os.sched_getaffinity(sleepers[0].pid) == CORES  # the live one is back on every core
+    before = pl.countdown
+    pl.posting()  # stopped: a post costs a decrement, nothing else
+    assert pl.countdown == before - 1 and pl.as_dict()["value"] == "off"
+
+
+def test_the_plan_says_when_placement_is_off():
+    assert not PL.plan(2, {"cpu_affinity": False}, 0).on
+    assert "cpu_affinity" in PL.plan(2, {"cpu_affinity": [0, 1]}, 0).why
+    assert "spin_us" in PL.plan(2, {"spin_us": 0}, 0).why
+    assert "one worker" in PL.plan(1, {}, 0).why
+    assert not PL.plan(1, {}, 0).on
+
+
+def test_describe_says_what_the_engine_decided():
+    env = ShmVecEnv([make_env("CartPole-v1")] * 2, n_workers=2, start_method="fork")
+    off = ShmVecEnv([make_env("CartPole-v1")] * 2, n_workers=2, start_method="fork", cpu_affinity=False)
+    try:
+        shown = env.describe()["decided"]["placement"]
+        if env._engine.placement is not None:  # (this machine's CPU budget decides)
+            assert shown["value"] == "spread" and "first trial" in shown["why"]
+        else:
+            assert shown["value"] == "off" and shown["why"]
+        shown_off = off.describe()["decided"]["placement"]
+        assert shown_off["value"] == "off" and "cpu_affinity" in shown_off["why"]
+    finally:
+        env.close()
+        off.close()
+
+
+def test_steps_equal_dummy_while_placements_switch(monkeypatch):
+    """Placements switching every few steps change where the workers run, never what they return."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    monkeypatch.setattr(PL, "SETTLE", 1)
+    monkeypatch.setattr(PL, "WINDOW", 2)
+    monkeypatch.setattr(PL, "HOLD", 1)
+    monkeypatch.setattr(PL, "MAX_HOLD", 2)
+    monkeypatch.setattr(PL, "MARGIN", -1.0)  # packed always "wins": every trial switches twice
+    n = 4
+    shm = ShmVecEnv([make_env("CartPole-v1")] * n, n_workers=2, start_method="fork")
+    ref = DummyVecEnv([make_env("CartPole-v1")] * n)
+    try:
+        placement = shm._engine.placement
+        if placement is None:
+            pytest.skip(f"no placement on this machine: {shm.describe()['decided']['placement']['why']}")
+        placement.countdown = 1
+        shm.seed(3)
+        ref.seed(3)
+        np.testing.assert_array_equal(shm.reset(), ref.reset())
+        rng = np.random.default_rng(0)
+        for _ in range(300):
+            actions = rng.integers(0, 2, n)
+            got, want = shm.step(actions), ref.step(actions)
+            for a, b in zip(got[:3], want[:3]):
+                np.testing.assert_array_equal(a, b)
+            assert [sorted(i) for i in got[3]] == [sorted(i) for i in want[3]]
+        assert placement.switches > 20 and placement.off is None, placement.as_dict()
+    finally:
+        shm.close()
+        ref.close()
