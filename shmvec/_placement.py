@@ -30,7 +30,9 @@ switch are left out, then the median of ``WINDOW`` periods), and keeps the place
 lower median (the other must win by ``MARGIN``: a switch has a cost, and noise should not flip
 it).  The choice is held for ``HOLD`` steps, then tried again, since what the loop does may change
 (an evaluation phase, another policy); a trial that keeps the same placement doubles the hold, up
-to ``MAX_HOLD``.  Medians ignore the rare long period (PPO's update between two rollouts).  While
+to ``MAX_HOLD``.  The second placement of a trial, when the median of its first ``EARLY`` periods
+is ``EARLY_MARGIN`` slower than the first's, loses there and then (a trial's cost is the steps
+it runs in the slower placement).  Medians ignore the rare long period (PPO's update between two rollouts).  While
 a choice is held, a step costs one decrement here.
 
 When it is on
@@ -62,13 +64,17 @@ from typing import Any
 from shmvec._machine import cpu_budget
 from shmvec._sync import current_cpu
 
-__all__ = ["Placement", "Plan", "plan", "placement_for", "SETTLE", "WINDOW", "MARGIN", "HOLD", "MAX_HOLD", "PACKED_SPIN_S"]
+__all__ = ["Placement", "Plan", "plan", "placement_for", "SETTLE", "WINDOW", "MARGIN", "EARLY", "EARLY_MARGIN", "HOLD",
+           "MAX_HOLD", "PACKED_SPIN_S"]
 
 #: Steps left out after a switch (the caches and the scheduler settle), then periods measured.
 SETTLE = 6
 WINDOW = 32
 #: The other placement must have a median period this much lower to be chosen.
 MARGIN = 0.03
+#: A trial's second placement, slower by this much over its first EARLY periods, loses at once.
+EARLY = 8
+EARLY_MARGIN = 0.25
 #: Steps a choice is held before the next trial; doubled while trials keep it, up to MAX_HOLD.
 HOLD = 4096
 MAX_HOLD = 65536
@@ -106,6 +112,7 @@ class Placement:
     trials: int = 0
     switches: int = 0
     chosen: bool = False  # the last trial's choice (packed?)
+    early: bool = False  # timing the first EARLY steps of a trial's second placement
 
     def posting(self) -> None:
         """A step is being posted (the engine's lock is held)."""
@@ -122,14 +129,22 @@ class Placement:
             self.countdown = MAX_HOLD
             return
         if self.phase == "settle":
-            self.phase, self.countdown, self.timing = "measure", WINDOW, True
+            # The second placement of a trial is first timed over EARLY steps only.
+            self.early = bool(self.trial)
+            self.phase, self.countdown, self.timing = "measure", EARLY if self.early else WINDOW, True
             self.periods.clear()
             self.last = time.perf_counter()
             return
         if self.phase == "measure":
-            self.timing = False
             periods = sorted(self.periods)
-            self.trial[self.packed] = periods[len(periods) // 2]
+            median = periods[len(periods) // 2]
+            if self.early:
+                self.early = False
+                if median <= self.trial[not self.packed] * (1.0 + EARLY_MARGIN):  # not clearly slower: time it whole
+                    self.countdown = WINDOW - EARLY
+                    return
+            self.timing = False
+            self.trial[self.packed] = median
             if (not self.packed) not in self.trial:  # the other placement next
                 self.phase, self.countdown = "settle", SETTLE
                 self._apply(not self.packed)

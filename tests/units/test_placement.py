@@ -77,6 +77,13 @@ def test_a_choice_kept_again_is_held_twice_as_long(sleepers):
     assert pl.switches == 4  # each trial packed once to measure it, then spread back
 
 
+def test_a_clearly_slower_second_placement_loses_early(sleepers):
+    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
+    drive(pl, PL.SETTLE + PL.WINDOW + PL.SETTLE + PL.EARLY, packed_s=0.004, spread_s=0.0002)
+    assert pl.phase == "hold" and not pl.packed and pl.trials == 1, pl.as_dict()
+    assert pl.medians["packed"] > (1 + PL.EARLY_MARGIN) * pl.medians["spread"]
+
+
 def test_packed_must_win_by_the_margin(sleepers):
     """Equal loops: the placement stays spread (a switch has a cost; noise must not flip it)."""
     pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
@@ -129,6 +136,7 @@ def test_steps_equal_dummy_while_placements_switch(monkeypatch):
 
     monkeypatch.setattr(PL, "SETTLE", 1)
     monkeypatch.setattr(PL, "WINDOW", 2)
+    monkeypatch.setattr(PL, "EARLY", 1)
     monkeypatch.setattr(PL, "HOLD", 1)
     monkeypatch.setattr(PL, "MAX_HOLD", 2)
     monkeypatch.setattr(PL, "MARGIN", -1.0)  # packed always "wins": every trial switches twice
