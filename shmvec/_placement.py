@@ -25,15 +25,29 @@ The two placements
 Trials (:meth:`Placement.posting`, called as each step is posted)
 -----------------------------------------------------------------
 The period between two posts is the whole loop: the parent's own work and the step.  A trial
-measures it in the current placement, then in the other (each time ``SETTLE`` steps after the
-switch are left out, then the median of ``WINDOW`` periods), and keeps the placement with the
-lower median (the other must win by ``MARGIN``: a switch has a cost, and noise should not flip
-it).  The choice is held for ``HOLD`` steps, then tried again, since what the loop does may change
-(an evaluation phase, another policy); a trial that keeps the same placement doubles the hold, up
-to ``MAX_HOLD``.  The second placement of a trial, when the median of its first ``EARLY`` periods
-is ``EARLY_MARGIN`` slower than the first's, loses there and then (a trial's cost is the steps
-it runs in the slower placement).  Medians ignore the rare long period (PPO's update between two rollouts).  While
-a choice is held, a step costs one decrement here.
+times it in the placement it starts in, then in the other: each time ``SETTLE`` steps after the
+switch are left out, then the lower quartile of ``WINDOW`` periods.  The other must win by
+``MARGIN`` (a switch has a cost, and noise should not flip it); when it does, the first placement
+is timed once more before the move is kept (its best window counts), so that one slow spell in
+its window (another vec env's workers still spinning, a pause) does not move the workers for a
+whole hold.  The other placement, when the lower quartile of its first ``EARLY`` periods is
+``EARLY_MARGIN`` slower, loses there and then (a trial costs the steps it runs in the slower
+placement).  The choice is held for ``HOLD`` steps, then tried again, since what the loop does
+may change (an evaluation phase, another policy); a trial that keeps the same placement doubles
+the hold, up to ``MAX_HOLD``.  While a choice is held the loop is still timed, a window of
+``WINDOW`` steps at a time.  A window whose lower quartile is ``CHANGE`` times off the chosen
+placement's in the trial first has the placement applied again (a repair: spread, the scheduler
+moves two workers onto one core now and then, and the step takes twice as long until it moves
+one back; packed, the parent may have moved); a second one in a row means the loop changed (a
+policy in the loop after random actions, a bigger batch) and starts a trial at once, whose choice
+is held ``HOLD`` steps.
+
+The lower quartile, not the median: after a pause in stepping (PPO's update, a benchmark's other
+backends) the workers sleep at once for a few steps, until their own spin adapts again
+(shmvec._worker), and those slow steps, up to two thirds of a window after a pause of seconds,
+must not decide.  The first trial starts ``START`` steps in, for the same reason, after the
+workers are spread out (forked, two of them may share a core until the scheduler moves one).
+A step costs one clock read and an append here.
 
 When it is on
 -------------
@@ -64,14 +78,19 @@ from typing import Any
 from shmvec._machine import cpu_budget
 from shmvec._sync import current_cpu
 
-__all__ = ["Placement", "Plan", "plan", "placement_for", "SETTLE", "WINDOW", "MARGIN", "EARLY", "EARLY_MARGIN", "HOLD",
+__all__ = ["Placement", "Plan", "plan", "placement_for", "SETTLE", "WINDOW", "MARGIN", "EARLY", "EARLY_MARGIN", "CHANGE", "HOLD",
            "MAX_HOLD", "PACKED_SPIN_S"]
 
+#: Steps before the first trial (the workers' own spin adapts to the loop first); then the
+#: workers are spread out (forked, two of them may share a core until the scheduler moves one).
+START = 64
 #: Steps left out after a switch (the caches and the scheduler settle), then periods measured.
 SETTLE = 6
 WINDOW = 32
-#: The other placement must have a median period this much lower to be chosen.
+#: The other placement must have a lower quartile of its periods this much lower to be chosen.
 MARGIN = 0.03
+#: Held, a window whose lower quartile is this factor off the chosen placement's starts a trial.
+CHANGE = 1.5
 #: A trial's second placement, slower by this much over its first EARLY periods, loses at once.
 EARLY = 8
 EARLY_MARGIN = 0.25
@@ -101,18 +120,24 @@ class Placement:
     spread_spin_s: float
     packed: bool = False
     off: str | None = None  # why the trials stopped (an affinity that could not be set)
-    countdown: int = SETTLE  # steps until the next move of the trial
-    phase: str = "settle"  # settle -> measure (-> settle -> measure of the other) -> hold -> settle ...
+    countdown: int = START  # steps until the next move of the trial
+    phase: str = "start"  # start -> settle -> measure (-> settle -> measure of the other) -> hold -> settle ...
     hold: int = HOLD
     timing: bool = False
     last: float = 0.0
     periods: list[float] = field(default_factory=list)
-    trial: dict[bool, float] = field(default_factory=dict)  # packed? -> median period (s) in this trial
-    medians: dict[str, float] = field(default_factory=dict)  # the last trial's medians, by placement
+    trial: dict[bool, list[float]] = field(default_factory=dict)  # packed? -> its windows' lower quartiles (s)
+    first: bool = False  # the placement a trial measures first (the one it runs in as it starts)
+    quartiles: dict[str, float] = field(default_factory=dict)  # the last trial's, by placement
     trials: int = 0
     switches: int = 0
     chosen: bool = False  # the last trial's choice (packed?)
     early: bool = False  # timing the first EARLY steps of a trial's second placement
+    reference: float = 0.0  # the chosen placement's lower quartile in the last trial (s)
+    held: int = 0  # steps held since the last trial
+    changes: int = 0  # trials started early because the loop's period changed
+    suspect: bool = False  # the last window held was off the reference (the placement was applied again)
+    repairs: int = 0  # placements applied again after a window off the reference
 
     def posting(self) -> None:
         """A step is being posted (the engine's lock is held)."""
@@ -128,42 +153,78 @@ class Placement:
         if self.off is not None:
             self.countdown = MAX_HOLD
             return
+        if self.phase == "start":  # spread them out for good measure: as they start, two may share a core
+            self._apply(False, switch=False)
+            self.phase, self.countdown = "settle", SETTLE
+            return
         if self.phase == "settle":
-            # The second placement of a trial is first timed over EARLY steps only.
-            self.early = bool(self.trial)
+            # The other placement's first window is timed over EARLY steps first.
+            self.early = len(self.trial) == 1 and self.packed != self.first
             self.phase, self.countdown, self.timing = "measure", EARLY if self.early else WINDOW, True
             self.periods.clear()
             self.last = time.perf_counter()
             return
         if self.phase == "measure":
             periods = sorted(self.periods)
-            median = periods[len(periods) // 2]
+            quartile = periods[len(periods) // 4]
+            first, other = self.first, not self.first
             if self.early:
                 self.early = False
-                if median <= self.trial[not self.packed] * (1.0 + EARLY_MARGIN):  # not clearly slower: time it whole
+                if quartile <= min(self.trial[first]) * (1.0 + EARLY_MARGIN):  # not clearly slower: time it whole
                     self.countdown = WINDOW - EARLY
                     return
             self.timing = False
-            self.trial[self.packed] = median
-            if (not self.packed) not in self.trial:  # the other placement next
+            self.trial.setdefault(self.packed, []).append(quartile)
+            if other not in self.trial:  # the other placement next
                 self.phase, self.countdown = "settle", SETTLE
-                self._apply(not self.packed)
+                self._apply(other)
                 return
-            spread, packed = self.trial[False], self.trial[True]
-            self.medians = {SPREAD: spread, PACKED: packed}
-            best = packed < spread * (1.0 - MARGIN)
+            wins = min(self.trial[other]) < min(self.trial[first]) * (1.0 - MARGIN)
+            if wins and len(self.trial[first]) == 1:
+                # Before moving for good, the first placement once more: a slow spell in its window
+                # (another vec env's workers still spinning, a pause) must not decide.
+                self.phase, self.countdown = "settle", SETTLE
+                self._apply(first)
+                return
+            best = other if wins else first
+            spread, packed = min(self.trial[False]), min(self.trial[True])
+            self.quartiles = {SPREAD: spread, PACKED: packed}
             self.trials += 1
             self.hold = min(self.hold * 2, MAX_HOLD) if self.trials > 1 and best == self.chosen else HOLD
             self.chosen = best
             if best != self.packed:
                 self._apply(best)
-            self.phase, self.countdown = "hold", self.hold
+            # Held, the loop is still timed: a window whose lower quartile moved by CHANGE from
+            # the chosen placement's (another phase of training) starts a trial at once.
+            self.reference, self.held = min(self.trial[best]), 0
+            self.phase, self.countdown, self.timing = "hold", SETTLE + WINDOW, True
+            self.periods.clear()
+            self.last = time.perf_counter()
             return
-        # hold: the next trial starts from the current placement
+        # hold: a window of the loop as it runs now
+        periods = sorted(self.periods)
+        self.periods.clear()
+        self.held += len(periods)
+        quartile = periods[len(periods) // 4] if periods else self.reference
+        off = not self.reference / CHANGE < quartile < self.reference * CHANGE
+        changed, self.suspect = off and self.suspect, off
+        if off and not changed:
+            # First, put the workers where the placement says again: spread, the scheduler may have
+            # moved two onto one core since (the period doubles); packed, the parent may have moved.
+            self.repairs += 1
+            self._apply(self.packed, switch=False)
+        if not changed and self.held < self.hold:
+            self.countdown = WINDOW
+            return
+        if changed:
+            self.hold = HOLD // 2  # the next trial's choice is held HOLD steps, whichever it is
+            self.changes += 1
+        self.timing = False
         self.trial.clear()
+        self.first = self.packed
         self.phase, self.countdown = "settle", SETTLE
 
-    def _apply(self, packed: bool) -> None:
+    def _apply(self, packed: bool, switch: bool = True) -> None:
         """Sets every worker's affinity for ``packed`` and the parent's spin with it."""
         cores = self.cores
         try:
@@ -182,7 +243,7 @@ class Placement:
             self.stop(f"a worker's CPU affinity could not be set ({type(exc).__name__}: {exc}); left spread")
             return
         self.packed = packed
-        self.switches += 1
+        self.switches += switch
         self.set_spin(PACKED_SPIN_S if packed else self.spread_spin_s)
 
     def stop(self, why: str) -> None:
@@ -204,11 +265,12 @@ class Placement:
         if not self.trials:
             why = "trying both placements (the first trial is not over)"
         else:
-            us = {k: round(v * 1e6, 1) for k, v in self.medians.items()}
-            why = (f"the last trial's median period between steps: spread {us[SPREAD]} us, packed {us[PACKED]} us "
-                   f"(packed must win by {MARGIN:.0%}); tried again within {self.hold} steps")
+            us = {k: round(v * 1e6, 1) for k, v in self.quartiles.items()}
+            why = (f"the last trial's lower quartile of the period between steps: spread {us[SPREAD]} us, packed "
+                   f"{us[PACKED]} us (a move must win by {MARGIN:.0%}); tried again within {self.hold} steps, or "
+                   f"as soon as the loop's period changes by {CHANGE}x")
         return {"value": PACKED if self.packed else SPREAD, "why": why, "trials": self.trials,
-                "switches": self.switches}
+                "switches": self.switches, "changes": self.changes, "repairs": self.repairs}
 
 
 @dataclass(frozen=True)

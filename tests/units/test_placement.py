@@ -41,16 +41,23 @@ def drive(placement: PL.Placement, steps: int, packed_s: float, spread_s: float)
         placement.posting()
 
 
-def trial_steps() -> int:
-    return 2 * (PL.SETTLE + PL.WINDOW)
+def end_hold(placement: PL.Placement) -> None:
+    """The hold is over at the next post."""
+    placement.held, placement.countdown = placement.hold, 1
+
+
+def trial_steps(first: bool = False, moves: bool = False) -> int:
+    """Posts that complete a trial: the first waits START steps (then spreads the workers); a trial
+    whose other placement wins times the first one again."""
+    return (2 + moves) * (PL.SETTLE + PL.WINDOW) + (PL.START if first else 0)
 
 
 def test_a_trial_keeps_the_faster_placement_and_moves_only_the_workers(sleepers):
     spins = []
     pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, spins.append, 0.0)
     parent_before = os.sched_getaffinity(0)
-    drive(pl, trial_steps(), packed_s=0.0002, spread_s=0.003)
-    assert pl.packed and pl.phase == "hold" and pl.trials == 1, pl.as_dict()
+    drive(pl, trial_steps(first=True, moves=True), packed_s=0.0002, spread_s=0.003)
+    assert pl.packed and pl.phase == "hold" and pl.trials == 1 and pl.switches == 3, pl.as_dict()
     for p in sleepers:
         cores = os.sched_getaffinity(p.pid)
         assert cores < CORES and len(cores) == len(CORES) - 1  # every core but the parent's
@@ -59,9 +66,9 @@ def test_a_trial_keeps_the_faster_placement_and_moves_only_the_workers(sleepers)
     shown = pl.as_dict()
     assert shown["value"] == "packed" and "spread" in shown["why"] and "packed" in shown["why"]
     # The next trial (after the hold), with the loop now faster spread: back to every core.
-    pl.countdown = 1
-    drive(pl, 1 + trial_steps(), packed_s=0.003, spread_s=0.0002)
-    assert not pl.packed and pl.trials == 2, pl.as_dict()
+    end_hold(pl)
+    drive(pl, 1 + trial_steps(moves=True), packed_s=0.003, spread_s=0.0002)
+    assert not pl.packed and pl.phase == "hold" and pl.trials == 2, pl.as_dict()
     for p in sleepers:
         assert os.sched_getaffinity(p.pid) == CORES
     assert spins[-1] == 0.0 and pl.hold == PL.HOLD  # a changed choice holds the shortest time
@@ -69,9 +76,9 @@ def test_a_trial_keeps_the_faster_placement_and_moves_only_the_workers(sleepers)
 
 def test_a_choice_kept_again_is_held_twice_as_long(sleepers):
     pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
-    drive(pl, trial_steps(), packed_s=0.003, spread_s=0.0002)
+    drive(pl, trial_steps(first=True), packed_s=0.003, spread_s=0.0002)
     assert not pl.packed and pl.hold == PL.HOLD
-    pl.countdown = 1
+    end_hold(pl)
     drive(pl, 1 + trial_steps(), packed_s=0.003, spread_s=0.0002)
     assert not pl.packed and pl.trials == 2 and pl.hold == 2 * PL.HOLD
     assert pl.switches == 4  # each trial packed once to measure it, then spread back
@@ -79,15 +86,52 @@ def test_a_choice_kept_again_is_held_twice_as_long(sleepers):
 
 def test_a_clearly_slower_second_placement_loses_early(sleepers):
     pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
-    drive(pl, PL.SETTLE + PL.WINDOW + PL.SETTLE + PL.EARLY, packed_s=0.004, spread_s=0.0002)
+    drive(pl, PL.START + PL.SETTLE + PL.WINDOW + PL.SETTLE + PL.EARLY, packed_s=0.004, spread_s=0.0002)
     assert pl.phase == "hold" and not pl.packed and pl.trials == 1, pl.as_dict()
-    assert pl.medians["packed"] > (1 + PL.EARLY_MARGIN) * pl.medians["spread"]
+    assert pl.quartiles["packed"] > (1 + PL.EARLY_MARGIN) * pl.quartiles["spread"]
+
+
+def test_a_move_is_timed_against_the_first_placement_twice(sleepers):
+    """One slow window of the first placement (a spell of another process) does not move the workers."""
+    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
+    drive(pl, PL.START + PL.SETTLE + PL.WINDOW, packed_s=0.003, spread_s=0.003)  # spread, in a slow spell
+    drive(pl, trial_steps(moves=True) - PL.SETTLE - PL.WINDOW, packed_s=0.001, spread_s=0.0002)
+    assert not pl.packed and pl.phase == "hold" and pl.trials == 1, pl.as_dict()
+    assert len(pl.trial[False]) == 2 and pl.quartiles["spread"] < pl.quartiles["packed"]
+
+
+def test_a_loop_that_changes_starts_a_trial_at_once(sleepers):
+    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
+    drive(pl, trial_steps(first=True), packed_s=0.003, spread_s=0.0002)
+    assert not pl.packed and pl.phase == "hold" and pl.hold == PL.HOLD
+    drive(pl, PL.SETTLE + PL.WINDOW, packed_s=0.003, spread_s=0.0002)  # the same loop: held
+    assert pl.phase == "hold" and pl.changes == 0
+    pl.suspect = True  # one window off (after a pause) ...
+    drive(pl, PL.WINDOW, packed_s=0.003, spread_s=0.0002)
+    assert pl.phase == "hold" and pl.changes == 0 and not pl.suspect  # ... and the next one not: held
+    for p in sleepers:
+        os.sched_setaffinity(p.pid, {min(CORES)})  # the scheduler put both on one core
+    for _ in range(2 * PL.WINDOW):  # one window off: the placement is applied again (a repair), no trial
+        drive(pl, 1, packed_s=0.003, spread_s=0.001)
+        if pl.repairs:
+            break
+    assert pl.repairs == 1 and pl.changes == 0 and pl.phase == "hold"
+    assert all(os.sched_getaffinity(p.pid) == CORES for p in sleepers)
+    drive(pl, PL.WINDOW, packed_s=0.003, spread_s=0.0002)  # repaired: the loop is as it was
+    assert pl.phase == "hold" and pl.changes == 0 and not pl.suspect
+    for _ in range(3 * PL.WINDOW):  # the loop changed (packed is faster now): two whole windows show it
+        drive(pl, 1, packed_s=0.0002, spread_s=0.003)
+        if pl.changes:
+            break
+    assert pl.phase == "settle" and pl.changes == 1 and not pl.trial
+    drive(pl, trial_steps(moves=True), packed_s=0.0002, spread_s=0.003)
+    assert pl.packed and pl.phase == "hold" and pl.hold == PL.HOLD and pl.as_dict()["changes"] == 1
 
 
 def test_packed_must_win_by_the_margin(sleepers):
     """Equal loops: the placement stays spread (a switch has a cost; noise must not flip it)."""
     pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
-    drive(pl, trial_steps(), packed_s=0.002, spread_s=0.002)
+    drive(pl, trial_steps(first=True), packed_s=0.002, spread_s=0.002)
     assert not pl.packed and pl.trials == 1
 
 
@@ -96,7 +140,7 @@ def test_a_worker_whose_affinity_cannot_be_set_stops_the_trials(sleepers):
     gone.wait()  # reaped: its pid names no process
     spins = []
     pl = PL.Placement(lambda: [sleepers[0].pid, gone.pid], CORES, spins.append, 0.0)
-    drive(pl, trial_steps(), packed_s=0.0002, spread_s=0.003)
+    drive(pl, trial_steps(first=True), packed_s=0.0002, spread_s=0.003)
     shown = pl.as_dict()
     assert shown["value"] == "off" and "ProcessLookupError" in shown["why"], shown
     assert not pl.packed and spins[-1] == 0.0
@@ -134,12 +178,14 @@ def test_steps_equal_dummy_while_placements_switch(monkeypatch):
     """Placements switching every few steps change where the workers run, never what they return."""
     from stable_baselines3.common.vec_env import DummyVecEnv
 
+    monkeypatch.setattr(PL, "START", 1)
     monkeypatch.setattr(PL, "SETTLE", 1)
     monkeypatch.setattr(PL, "WINDOW", 2)
     monkeypatch.setattr(PL, "EARLY", 1)
     monkeypatch.setattr(PL, "HOLD", 1)
     monkeypatch.setattr(PL, "MAX_HOLD", 2)
-    monkeypatch.setattr(PL, "MARGIN", -1.0)  # packed always "wins": every trial switches twice
+    monkeypatch.setattr(PL, "MARGIN", -1.0)  # the other placement always "wins": every trial switches
+    monkeypatch.setattr(PL, "EARLY_MARGIN", 1e9)
     n = 4
     shm = ShmVecEnv([make_env("CartPole-v1")] * n, n_workers=2, start_method="fork")
     ref = DummyVecEnv([make_env("CartPole-v1")] * n)
