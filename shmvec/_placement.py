@@ -287,6 +287,8 @@ class Plan:
 
 def plan(n_workers: int, given: Any, taken_cores: int) -> Plan:
     """Whether the workers' placement is measured (see "When it is on")."""
+    if given.get("cpu_affinity") is False:
+        return Plan(False, "cpu_affinity=False: the workers stay where the scheduler puts them")
     if given.get("cpu_affinity") is not None:
         return Plan(False, "cpu_affinity is given: the workers stay where it puts them")
     if given.get("spin_us") is not None:
