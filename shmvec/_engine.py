@@ -196,10 +196,7 @@ class Engine:
         status.enter(IDLE)
         self.threads = decide(Decision(opts.parent_threads), self.n_workers, opts.public_name)
         self.parent_spin_s = opts.parent_spin_s
-        self._placement_plan, self.placement = placement_for(opts, workers.pids, self._spin)
-
-    def _spin(self, spin_s: float) -> None:
-        self.parent_spin_s = spin_s  # (the placement's choice)
+        self._placement_plan, self.placement = placement_for(opts, workers.pids, self)
 
     # ---- start-up -----------------------------------------------------------------------------------
     def _start(self, pickled_batch: Callable[[list], Any]) -> None:

@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -307,9 +308,19 @@ def plan(n_workers: int, given: Any, taken_cores: int) -> Plan:
     return Plan(True, "a worker shares the parent's core: each placement is measured, the faster kept", cores)
 
 
-def placement_for(options: Any, pids: Callable[[], Iterable[int]], set_spin: Callable[[float], None]
-                  ) -> tuple[Plan, Placement | None]:
+def placement_for(options: Any, pids: Callable[[], Iterable[int]], engine: Any) -> tuple[Plan, Placement | None]:
     """An engine's plan and, where it is on, its :class:`Placement` (``options``: its
-    :class:`shmvec._options.Options`; ``pids``: its workers' ids; ``set_spin``: its parent's spin)."""
+    :class:`shmvec._options.Options`; ``pids``: its workers' ids), which sets ``engine.parent_spin_s``
+    through a weak reference: the engine holds its placement, and a cycle would keep a dropped
+    engine (and its workers) alive until the collector's next full pass."""
     placed = plan(options.n_workers, options.given, options.taken.cores)
-    return placed, (Placement(pids, placed.cores, set_spin, options.parent_spin_s) if placed.on else None)
+    if not placed.on:
+        return placed, None
+    owner = weakref.ref(engine)
+
+    def set_spin(spin_s: float) -> None:
+        held = owner()
+        if held is not None:
+            held.parent_spin_s = spin_s
+
+    return placed, Placement(pids, placed.cores, set_spin, options.parent_spin_s)

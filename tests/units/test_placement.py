@@ -174,6 +174,28 @@ def test_describe_says_what_the_engine_decided():
         off.close()
 
 
+def test_a_dropped_engine_with_a_placement_is_freed_without_the_collector():
+    import gc
+    import weakref
+
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        env = ShmVecEnv([make_env("CartPole-v1")] * 2, n_workers=2, start_method="fork")
+        env.reset()
+        engine = weakref.ref(env._engine)
+        if engine().placement is None:
+            env.close()
+            pytest.skip(f"no placement on this machine: {env.describe()['decided']['placement']['why']}")
+        env.close()
+        del env
+        assert engine() is None, "the engine and its placement hold each other"
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_steps_equal_dummy_while_placements_switch(monkeypatch):
     """Placements switching every few steps change where the workers run, never what they return."""
     from stable_baselines3.common.vec_env import DummyVecEnv
