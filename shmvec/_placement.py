@@ -6,10 +6,10 @@ With a worker on every core, one of them shares the parent's core.  Between two 
 runs the user's loop (a policy's forward pass, SB3's bookkeeping); just before, that worker ran its
 envs on the same core, so the parent's code and data come back from a cold cache, and a worker
 that spins yields the core back and forth.  With light envs (8 CartPoles on 2 cores) that costs
-the parent more than the second core saves the step: a policy in the loop ran 1.2x to 1.4x
-``DummyVecEnv`` with one worker and 1.0x to 1.1x with two (docs/benchmarks.md, "Placement"),
-while with random actions, or 64 envs, two workers win.  Which side wins depends on what the envs
-and the user's loop cost, which the engine cannot know beforehand: so it measures both.
+the parent more than the second core saves the step, while with random actions, or 64 envs, the
+second core wins (the measurements: docs/design.md, "Placement").  Which side wins depends on
+what the envs and the user's loop cost, which the engine cannot know beforehand: so it measures
+both.
 
 The two placements
 ------------------
@@ -26,28 +26,31 @@ Trials (:meth:`Placement.posting`, called as each step is posted)
 -----------------------------------------------------------------
 The period between two posts is the whole loop: the parent's own work and the step.  A trial
 times it in the placement it starts in, then in the other: each time ``SETTLE`` steps after the
-switch are left out, then the lower quartile of ``WINDOW`` periods.  The other must win by
+switch are left out, then the typical period of ``WINDOW`` (:func:`typical`).  The other must win by
 ``MARGIN`` (a switch has a cost, and noise should not flip it); when it does, the first placement
 is timed once more before the move is kept (its best window counts), so that one slow spell in
 its window (another vec env's workers still spinning, a pause) does not move the workers for a
-whole hold.  The other placement, when the lower quartile of its first ``EARLY`` periods is
-``EARLY_MARGIN`` slower, loses there and then (a trial costs the steps it runs in the slower
-placement).  The choice is held for ``HOLD`` steps, then tried again, since what the loop does
+whole hold.  The other placement, when the typical period of its first ``EARLY`` steps is
+``EARLY_MARGIN`` slower, loses there and then, and once its settling and early steps take
+``ABANDON`` times what they take in the first, at once (a trial costs the steps it runs in the
+slower placement; on a core another process keeps busy a step may wait a whole tick).  The choice is held for ``HOLD`` steps, then tried again, since what the loop does
 may change (an evaluation phase, another policy); a trial that keeps the same placement doubles
 the hold, up to ``MAX_HOLD``.  While a choice is held the loop is still timed, a window of
-``WINDOW`` steps at a time.  A window whose lower quartile is ``CHANGE`` times off the chosen
+``WINDOW`` steps at a time.  A window whose typical period is ``CHANGE`` times off the chosen
 placement's in the trial first has the placement applied again (a repair: spread, the scheduler
 moves two workers onto one core now and then, and the step takes twice as long until it moves
-one back; packed, the parent may have moved); a second one in a row means the loop changed (a
-policy in the loop after random actions, a bigger batch) and starts a trial at once, whose choice
-is held ``HOLD`` steps.
+one back; packed, the parent may have moved); a second one in a row, ``SPACING`` steps or more
+after the last trial, means the loop changed (a policy in the loop after random actions, a bigger
+batch) and starts a trial at once, whose choice is held ``HOLD`` steps.
 
-The lower quartile, not the median: after a pause in stepping (PPO's update, a benchmark's other
-backends) the workers sleep at once for a few steps, until their own spin adapts again
-(shmvec._worker), and those slow steps, up to two thirds of a window after a pause of seconds,
-must not decide.  The first trial starts ``START`` steps in, for the same reason, after the
-workers are spread out (forked, two of them may share a core until the scheduler moves one).
-A step costs one clock read and an append here.
+The typical period is the mean of the window's periods under ``OUTLIER`` times its median: the
+mean, as a placement whose steps now and then wait a whole scheduler tick (on cores another
+process keeps busy) pays for them as its throughput does (a lower quartile picked such a
+placement); without the pauses (PPO's update, a benchmark's other backends), which are no
+step's.  After a pause the workers sleep at once for a few steps, until their own spin adapts
+again (shmvec._worker): the first placement is timed twice before a move, and the first trial
+starts ``START`` steps in, after the workers are spread out (forked, two of them may share a core
+until the scheduler moves one).  A step costs one clock read and an append here.
 
 When it is on
 -------------
@@ -80,6 +83,7 @@ from shmvec._machine import cpu_budget
 from shmvec._sync import current_cpu
 
 __all__ = ["Placement", "Plan", "plan", "placement_for", "SETTLE", "WINDOW", "MARGIN", "EARLY", "EARLY_MARGIN", "CHANGE", "HOLD",
+           "ABANDON", "SPACING", "OUTLIER", "typical",
            "MAX_HOLD", "PACKED_SPIN_S"]
 
 #: Steps before the first trial (the workers' own spin adapts to the loop first); then the
@@ -88,9 +92,16 @@ START = 64
 #: Steps left out after a switch (the caches and the scheduler settle), then periods measured.
 SETTLE = 6
 WINDOW = 32
-#: The other placement must have a lower quartile of its periods this much lower to be chosen.
+#: The other placement must have a typical period this much lower to be chosen.
 MARGIN = 0.03
-#: Held, a window whose lower quartile is this factor off the chosen placement's starts a trial.
+#: The other placement is abandoned once its settling and early steps take this many times
+#: what they take in the first (a core another process keeps busy: a step may wait a whole tick).
+ABANDON = 4.0
+#: Steps between a trial and one that a change of the loop starts.
+SPACING = 512
+#: A period over this many times its window's median is a pause, not a step: left out.
+OUTLIER = 4.0
+#: Held, a window whose typical period is this factor off the chosen placement's starts a trial.
 CHANGE = 1.5
 #: A trial's second placement, slower by this much over its first EARLY periods, loses at once.
 EARLY = 8
@@ -127,18 +138,21 @@ class Placement:
     timing: bool = False
     last: float = 0.0
     periods: list[float] = field(default_factory=list)
-    trial: dict[bool, list[float]] = field(default_factory=dict)  # packed? -> its windows' lower quartiles (s)
+    trial: dict[bool, list[float]] = field(default_factory=dict)  # packed? -> its windows' typical periods (s)
     first: bool = False  # the placement a trial measures first (the one it runs in as it starts)
-    quartiles: dict[str, float] = field(default_factory=dict)  # the last trial's, by placement
+    measured: dict[str, float] = field(default_factory=dict)  # the last trial's typical periods, by placement
     trials: int = 0
     switches: int = 0
     chosen: bool = False  # the last trial's choice (packed?)
     early: bool = False  # timing the first EARLY steps of a trial's second placement
-    reference: float = 0.0  # the chosen placement's lower quartile in the last trial (s)
+    reference: float = 0.0  # the chosen placement's typical period in the last trial (s)
     held: int = 0  # steps held since the last trial
     changes: int = 0  # trials started early because the loop's period changed
     suspect: bool = False  # the last window held was off the reference (the placement was applied again)
     repairs: int = 0  # placements applied again after a window off the reference
+    watch: bool = False  # the other placement is being tried: abandoned once it takes watch_budget
+    watch_from: float = 0.0
+    watch_budget: float = 0.0
 
     def posting(self) -> None:
         """A step is being posted (the engine's lock is held)."""
@@ -146,9 +160,17 @@ class Placement:
             now = time.perf_counter()
             self.periods.append(now - self.last)
             self.last = now
+        if self.watch and time.perf_counter() - self.watch_from > self.watch_budget:
+            self._abandon()  # the other placement is far slower (cores another process keeps busy)
+            return
         self.countdown -= 1
         if self.countdown <= 0:
             self._advance()
+
+    def _abandon(self) -> None:
+        self.watch = self.early = self.timing = False
+        self.trial[self.packed] = [time.perf_counter() - self.watch_from]  # (its whole time: it loses)
+        self._decide()
 
     def _advance(self) -> None:
         if self.off is not None:
@@ -166,49 +188,60 @@ class Placement:
             self.last = time.perf_counter()
             return
         if self.phase == "measure":
-            periods = sorted(self.periods)
-            quartile = periods[len(periods) // 4]
+            value = typical(self.periods)
             first, other = self.first, not self.first
             if self.early:
-                self.early = False
-                if quartile <= min(self.trial[first]) * (1.0 + EARLY_MARGIN):  # not clearly slower: time it whole
+                self.early = self.watch = False
+                if value <= min(self.trial[first]) * (1.0 + EARLY_MARGIN):  # not clearly slower: time it whole
                     self.countdown = WINDOW - EARLY
                     return
             self.timing = False
-            self.trial.setdefault(self.packed, []).append(quartile)
-            if other not in self.trial:  # the other placement next
+            self.trial.setdefault(self.packed, []).append(value)
+            if other not in self.trial:  # the other placement next, watched until its early verdict
                 self.phase, self.countdown = "settle", SETTLE
                 self._apply(other)
+                self.watch, self.watch_from = True, time.perf_counter()
+                self.watch_budget = (SETTLE + EARLY) * ABANDON * value
                 return
-            wins = min(self.trial[other]) < min(self.trial[first]) * (1.0 - MARGIN)
-            if wins and len(self.trial[first]) == 1:
-                # Before moving for good, the first placement once more: a slow spell in its window
-                # (another vec env's workers still spinning, a pause) must not decide.
-                self.phase, self.countdown = "settle", SETTLE
-                self._apply(first)
-                return
-            best = other if wins else first
-            spread, packed = min(self.trial[False]), min(self.trial[True])
-            self.quartiles = {SPREAD: spread, PACKED: packed}
-            self.trials += 1
-            self.hold = min(self.hold * 2, MAX_HOLD) if self.trials > 1 and best == self.chosen else HOLD
-            self.chosen = best
-            if best != self.packed:
-                self._apply(best)
-            # Held, the loop is still timed: a window whose lower quartile moved by CHANGE from
-            # the chosen placement's (another phase of training) starts a trial at once.
-            self.reference, self.held = min(self.trial[best]), 0
-            self.phase, self.countdown, self.timing = "hold", SETTLE + WINDOW, True
-            self.periods.clear()
-            self.last = time.perf_counter()
+            self._decide()
             return
-        # hold: a window of the loop as it runs now
-        periods = sorted(self.periods)
+        self._held()
+
+    def _decide(self) -> None:
+        """The end of a trial (both placements timed): the faster is kept, and held."""
+        first, other = self.first, not self.first
+        wins = min(self.trial[other]) < min(self.trial[first]) * (1.0 - MARGIN)
+        if wins and len(self.trial[first]) == 1:
+            # Before moving for good, the first placement once more: a slow spell in its window
+            # (another vec env's workers still spinning, a pause) must not decide.
+            self.phase, self.countdown = "settle", SETTLE
+            self._apply(first)
+            return
+        best = other if wins else first
+        spread, packed = min(self.trial[False]), min(self.trial[True])
+        self.measured = {SPREAD: spread, PACKED: packed}
+        self.trials += 1
+        self.hold = min(self.hold * 2, MAX_HOLD) if self.trials > 1 and best == self.chosen else HOLD
+        self.chosen = best
+        if best != self.packed:
+            self._apply(best)
+        # Held, the loop is still timed: a window whose typical period moved by CHANGE from
+        # the chosen placement's (another phase of training) starts a trial at once.
+        self.reference, self.held = min(self.trial[best]), 0
+        self.phase, self.countdown, self.timing = "hold", SETTLE + WINDOW, True
+        self.periods.clear()
+        self.last = time.perf_counter()
+
+    def _held(self) -> None:
+        """A window of the loop as it runs now, while a choice is held."""
+        periods = list(self.periods)
         self.periods.clear()
         self.held += len(periods)
-        quartile = periods[len(periods) // 4] if periods else self.reference
-        off = not self.reference / CHANGE < quartile < self.reference * CHANGE
-        changed, self.suspect = off and self.suspect, off
+        value = typical(periods) if periods else self.reference
+        off = not self.reference / CHANGE < value < self.reference * CHANGE
+        # Two windows off in a row, and not sooner than SPACING steps after the last trial: on cores
+        # another process keeps busy the period swings window to window, and each trial costs.
+        changed, self.suspect = off and self.suspect and self.held >= SPACING, off
         if off and not changed:
             # First, put the workers where the placement says again: spread, the scheduler may have
             # moved two onto one core since (the period doubles); packed, the parent may have moved.
@@ -266,12 +299,22 @@ class Placement:
         if not self.trials:
             why = "trying both placements (the first trial is not over)"
         else:
-            us = {k: round(v * 1e6, 1) for k, v in self.quartiles.items()}
-            why = (f"the last trial's lower quartile of the period between steps: spread {us[SPREAD]} us, packed "
+            us = {k: round(v * 1e6, 1) for k, v in self.measured.items()}
+            why = (f"the last trial's typical period between steps: spread {us[SPREAD]} us, packed "
                    f"{us[PACKED]} us (a move must win by {MARGIN:.0%}); tried again within {self.hold} steps, or "
                    f"as soon as the loop's period changes by {CHANGE}x")
         return {"value": PACKED if self.packed else SPREAD, "why": why, "trials": self.trials,
                 "switches": self.switches, "changes": self.changes, "repairs": self.repairs}
+
+
+def typical(periods: list[float]) -> float:
+    """A window's typical period: the mean of those under ``OUTLIER`` times its median (a pause,
+    PPO's update, is left out; a placement whose periods vary, on cores another process keeps
+    busy, pays for its slow ones, as its throughput does)."""
+    ordered = sorted(periods)
+    cut = OUTLIER * ordered[len(ordered) // 2]
+    kept = [p for p in ordered if p <= cut]
+    return sum(kept) / len(kept)
 
 
 @dataclass(frozen=True)

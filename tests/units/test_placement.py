@@ -88,7 +88,7 @@ def test_a_clearly_slower_second_placement_loses_early(sleepers):
     pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
     drive(pl, PL.START + PL.SETTLE + PL.WINDOW + PL.SETTLE + PL.EARLY, packed_s=0.004, spread_s=0.0002)
     assert pl.phase == "hold" and not pl.packed and pl.trials == 1, pl.as_dict()
-    assert pl.quartiles["packed"] > (1 + PL.EARLY_MARGIN) * pl.quartiles["spread"]
+    assert pl.measured["packed"] > (1 + PL.EARLY_MARGIN) * pl.measured["spread"]
 
 
 def test_a_move_is_timed_against_the_first_placement_twice(sleepers):
@@ -97,10 +97,22 @@ def test_a_move_is_timed_against_the_first_placement_twice(sleepers):
     drive(pl, PL.START + PL.SETTLE + PL.WINDOW, packed_s=0.003, spread_s=0.003)  # spread, in a slow spell
     drive(pl, trial_steps(moves=True) - PL.SETTLE - PL.WINDOW, packed_s=0.001, spread_s=0.0002)
     assert not pl.packed and pl.phase == "hold" and pl.trials == 1, pl.as_dict()
-    assert len(pl.trial[False]) == 2 and pl.quartiles["spread"] < pl.quartiles["packed"]
+    assert len(pl.trial[False]) == 2 and pl.measured["spread"] < pl.measured["packed"]
 
 
-def test_a_loop_that_changes_starts_a_trial_at_once(sleepers):
+def test_a_far_slower_other_placement_is_abandoned_within_steps(sleepers):
+    """On a core another process keeps busy a step may wait a whole scheduler tick: the trial
+    gives the other placement up once its steps take ABANDON times the first's, not EARLY steps."""
+    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
+    drive(pl, PL.START + PL.SETTLE + PL.WINDOW, packed_s=0.02, spread_s=0.0002)
+    assert pl.packed and pl.watch
+    drive(pl, 2, packed_s=0.02, spread_s=0.0002)
+    assert not pl.packed and pl.phase == "hold" and pl.trials == 1 and not pl.watch, pl.as_dict()
+    assert pl.measured["packed"] > PL.ABANDON * pl.measured["spread"]
+
+
+def test_a_loop_that_changes_starts_a_trial_at_once(sleepers, monkeypatch):
+    monkeypatch.setattr(PL, "SPACING", 0)
     pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
     drive(pl, trial_steps(first=True), packed_s=0.003, spread_s=0.0002)
     assert not pl.packed and pl.phase == "hold" and pl.hold == PL.HOLD
@@ -126,6 +138,10 @@ def test_a_loop_that_changes_starts_a_trial_at_once(sleepers):
     assert pl.phase == "settle" and pl.changes == 1 and not pl.trial
     drive(pl, trial_steps(moves=True), packed_s=0.0002, spread_s=0.003)
     assert pl.packed and pl.phase == "hold" and pl.hold == PL.HOLD and pl.as_dict()["changes"] == 1
+    monkeypatch.setattr(PL, "SPACING", 10**6)  # a change too soon after a trial only repairs
+    for _ in range(4 * PL.WINDOW):
+        drive(pl, 1, packed_s=0.003, spread_s=0.0002)
+    assert pl.changes == 1 and pl.repairs >= 2 and pl.phase == "hold"
 
 
 def test_packed_must_win_by_the_margin(sleepers):
