@@ -156,6 +156,8 @@ class Placement:
 
     def posting(self) -> None:
         """A step is being posted (the engine's lock is held)."""
+        if self.off is not None:  # stopped for good (whatever a trial was doing when it stopped)
+            return
         if self.timing:
             now = time.perf_counter()
             self.periods.append(now - self.last)
@@ -173,9 +175,6 @@ class Placement:
         self._decide()
 
     def _advance(self) -> None:
-        if self.off is not None:
-            self.countdown = MAX_HOLD
-            return
         if self.phase == "start":  # spread them out for good measure: as they start, two may share a core
             self._apply(False, switch=False)
             self.phase, self.countdown = "settle", SETTLE
@@ -283,7 +282,9 @@ class Placement:
     def stop(self, why: str) -> None:
         """Stops the trials for good: every worker that can be is put back on all the cores."""
         self.off = why
-        self.timing, self.phase, self.countdown = False, "off", MAX_HOLD
+        self.timing = self.watch = self.early = False
+        self.phase = "off"
+        self.periods.clear()
         for pid in self.pids():
             try:
                 os.sched_setaffinity(pid, self.cores)

@@ -162,8 +162,8 @@ def test_a_worker_whose_affinity_cannot_be_set_stops_the_trials(sleepers):
     assert not pl.packed and spins[-1] == 0.0
     assert os.sched_getaffinity(sleepers[0].pid) == CORES  # the live one is back on every core
     before = pl.countdown
-    pl.posting()  # stopped: a post costs a decrement, nothing else
-    assert pl.countdown == before - 1 and pl.as_dict()["value"] == "off"
+    drive(pl, 2 * PL.WINDOW, packed_s=0.0, spread_s=0.0)  # stopped: a post does nothing
+    assert pl.countdown == before and not pl.periods and pl.as_dict()["value"] == "off"
 
 
 def test_the_plan_says_when_placement_is_off():
