@@ -224,8 +224,8 @@ class Placement:
         self.chosen = best
         if best != self.packed:
             self._apply(best)
-        # Held, the loop is still timed: a window whose typical period moved by CHANGE from
-        # the chosen placement's (another phase of training) starts a trial at once.
+        # Held, the loop is still timed (_held): a window off by CHANGE from the chosen
+        # placement's period has it applied again; a second in a row starts a trial.
         self.reference, self.held = min(self.trial[best]), 0
         self.phase, self.countdown, self.timing = "hold", SETTLE + WINDOW, True
         self.periods.clear()
