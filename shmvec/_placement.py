@@ -124,6 +124,7 @@ class Placement:
     :param cores: the cores this process may use (its affinity when the engine started).
     :param set_spin: called with the parent's spin (seconds) each time the placement changes.
     :param spread_spin_s: the parent's spin spread (the options').
+    :param clock: the clock the loop's periods are read from (seconds).
     """
 
     pids: Callable[[], Iterable[int]]
@@ -153,16 +154,17 @@ class Placement:
     watch: bool = False  # the other placement is being tried: abandoned once it takes watch_budget
     watch_from: float = 0.0
     watch_budget: float = 0.0
+    clock: Callable[[], float] = time.perf_counter
 
     def posting(self) -> None:
         """A step is being posted (the engine's lock is held)."""
         if self.off is not None:  # stopped for good (whatever a trial was doing when it stopped)
             return
         if self.timing:
-            now = time.perf_counter()
+            now = self.clock()
             self.periods.append(now - self.last)
             self.last = now
-        if self.watch and time.perf_counter() - self.watch_from > self.watch_budget:
+        if self.watch and self.clock() - self.watch_from > self.watch_budget:
             self._abandon()  # the other placement is far slower (cores another process keeps busy)
             return
         self.countdown -= 1
@@ -171,7 +173,7 @@ class Placement:
 
     def _abandon(self) -> None:
         self.watch = self.early = self.timing = False
-        self.trial[self.packed] = [time.perf_counter() - self.watch_from]  # (its whole time: it loses)
+        self.trial[self.packed] = [self.clock() - self.watch_from]  # (its whole time: it loses)
         self._decide()
 
     def _advance(self) -> None:
@@ -184,7 +186,7 @@ class Placement:
             self.early = len(self.trial) == 1 and self.packed != self.first
             self.phase, self.countdown, self.timing = "measure", EARLY if self.early else WINDOW, True
             self.periods.clear()
-            self.last = time.perf_counter()
+            self.last = self.clock()
             return
         if self.phase == "measure":
             value = typical(self.periods)
@@ -199,7 +201,7 @@ class Placement:
             if other not in self.trial:  # the other placement next, watched until its early verdict
                 self.phase, self.countdown = "settle", SETTLE
                 self._apply(other)
-                self.watch, self.watch_from = True, time.perf_counter()
+                self.watch, self.watch_from = True, self.clock()
                 self.watch_budget = (SETTLE + EARLY) * ABANDON * value
                 return
             self._decide()
@@ -229,7 +231,7 @@ class Placement:
         self.reference, self.held = min(self.trial[best]), 0
         self.phase, self.countdown, self.timing = "hold", SETTLE + WINDOW, True
         self.periods.clear()
-        self.last = time.perf_counter()
+        self.last = self.clock()
 
     def _held(self) -> None:
         """A window of the loop as it runs now, while a choice is held."""

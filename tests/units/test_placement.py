@@ -1,13 +1,13 @@
 """Where the workers run (shmvec._placement): trials measure both placements and keep the faster,
-on real processes with real CPU affinity; steps stay equal to DummyVecEnv's while placements
-switch; a worker whose affinity cannot be set stops the trials, and nothing else."""
+on real processes with real CPU affinity (the loop's periods come from a clock the test moves);
+steps stay equal to DummyVecEnv's while placements switch; a worker whose affinity cannot be set
+stops the trials, and nothing else."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -34,10 +34,21 @@ def sleepers():
             p.wait()
 
 
+class Clock:
+    """The loop's clock: each post comes the loop's time after the last (the workers' affinity
+    is real; the periods are given, so that a busy machine cannot change a trial's verdict)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def drive(placement: PL.Placement, steps: int, packed_s: float, spread_s: float) -> None:
     """``steps`` posts, each after the loop's time in the current placement."""
     for _ in range(steps):
-        time.sleep(packed_s if placement.packed else spread_s)
+        placement.clock.now += packed_s if placement.packed else spread_s
         placement.posting()
 
 
@@ -54,7 +65,7 @@ def trial_steps(first: bool = False, moves: bool = False) -> int:
 
 def test_a_trial_keeps_the_faster_placement_and_moves_only_the_workers(sleepers):
     spins = []
-    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, spins.append, 0.0)
+    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, spins.append, 0.0, clock=Clock())
     parent_before = os.sched_getaffinity(0)
     drive(pl, trial_steps(first=True, moves=True), packed_s=0.0002, spread_s=0.003)
     assert pl.packed and pl.phase == "hold" and pl.trials == 1 and pl.switches == 3, pl.as_dict()
@@ -75,7 +86,7 @@ def test_a_trial_keeps_the_faster_placement_and_moves_only_the_workers(sleepers)
 
 
 def test_a_choice_kept_again_is_held_twice_as_long(sleepers):
-    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
+    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0, clock=Clock())
     drive(pl, trial_steps(first=True), packed_s=0.003, spread_s=0.0002)
     assert not pl.packed and pl.hold == PL.HOLD
     end_hold(pl)
@@ -85,7 +96,7 @@ def test_a_choice_kept_again_is_held_twice_as_long(sleepers):
 
 
 def test_a_clearly_slower_second_placement_loses_early(sleepers):
-    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
+    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0, clock=Clock())
     drive(pl, PL.START + PL.SETTLE + PL.WINDOW + PL.SETTLE + PL.EARLY, packed_s=0.004, spread_s=0.0002)
     assert pl.phase == "hold" and not pl.packed and pl.trials == 1, pl.as_dict()
     assert pl.measured["packed"] > (1 + PL.EARLY_MARGIN) * pl.measured["spread"]
@@ -93,7 +104,7 @@ def test_a_clearly_slower_second_placement_loses_early(sleepers):
 
 def test_a_move_is_timed_against_the_first_placement_twice(sleepers):
     """One slow window of the first placement (a spell of another process) does not move the workers."""
-    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
+    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0, clock=Clock())
     drive(pl, PL.START + PL.SETTLE + PL.WINDOW, packed_s=0.003, spread_s=0.003)  # spread, in a slow spell
     drive(pl, trial_steps(moves=True) - PL.SETTLE - PL.WINDOW, packed_s=0.001, spread_s=0.0002)
     assert not pl.packed and pl.phase == "hold" and pl.trials == 1, pl.as_dict()
@@ -103,7 +114,7 @@ def test_a_move_is_timed_against_the_first_placement_twice(sleepers):
 def test_a_far_slower_other_placement_is_abandoned_within_steps(sleepers):
     """On a core another process keeps busy a step may wait a whole scheduler tick: the trial
     gives the other placement up once its steps take ABANDON times the first's, not EARLY steps."""
-    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
+    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0, clock=Clock())
     drive(pl, PL.START + PL.SETTLE + PL.WINDOW, packed_s=0.02, spread_s=0.0002)
     assert pl.packed and pl.watch
     drive(pl, 2, packed_s=0.02, spread_s=0.0002)
@@ -113,7 +124,7 @@ def test_a_far_slower_other_placement_is_abandoned_within_steps(sleepers):
 
 def test_a_loop_that_changes_starts_a_trial_at_once(sleepers, monkeypatch):
     monkeypatch.setattr(PL, "SPACING", 0)
-    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
+    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0, clock=Clock())
     drive(pl, trial_steps(first=True), packed_s=0.003, spread_s=0.0002)
     assert not pl.packed and pl.phase == "hold" and pl.hold == PL.HOLD
     drive(pl, PL.SETTLE + PL.WINDOW, packed_s=0.003, spread_s=0.0002)  # the same loop: held
@@ -146,7 +157,7 @@ def test_a_loop_that_changes_starts_a_trial_at_once(sleepers, monkeypatch):
 
 def test_packed_must_win_by_the_margin(sleepers):
     """Equal loops: the placement stays spread (a switch has a cost; noise must not flip it)."""
-    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0)
+    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0, clock=Clock())
     drive(pl, trial_steps(first=True), packed_s=0.002, spread_s=0.002)
     assert not pl.packed and pl.trials == 1
 
@@ -155,7 +166,7 @@ def test_a_worker_whose_affinity_cannot_be_set_stops_the_trials(sleepers):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # reaped: its pid names no process
     spins = []
-    pl = PL.Placement(lambda: [sleepers[0].pid, gone.pid], CORES, spins.append, 0.0)
+    pl = PL.Placement(lambda: [sleepers[0].pid, gone.pid], CORES, spins.append, 0.0, clock=Clock())
     drive(pl, trial_steps(first=True), packed_s=0.0002, spread_s=0.003)
     shown = pl.as_dict()
     assert shown["value"] == "off" and "ProcessLookupError" in shown["why"], shown
