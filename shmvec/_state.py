@@ -111,6 +111,10 @@ class State(enum.Enum):
     CALLING = "calling"
     POOLING = "pooling"
 
+    # A member is its own identity: the object's hash (in C), not Enum's hash of the name (a
+    # Python call each time a state is looked up, several times a step).
+    __hash__ = object.__hash__
+
 
 STARTING, IDLE, POSTED, COLLECTING, CONSUMED, DONE, BROKEN, CLOSED, FORKED, RESETTING, CALLING, POOLING = State
 

@@ -24,7 +24,7 @@ from shmvec._engine import Engine
 from shmvec._errors import AlreadyPendingCallError, NoAsyncCallError, ShmVecEnvError
 from shmvec._frontend import ENGINE_OPTIONS, env_render_mode, gym_engine, refuse_unknown_keywords, usable_engine
 from shmvec._seeds import gym_vector_seeds, per_env_values
-from shmvec._state import serialized
+from shmvec._state import IDLE, serialized
 from shmvec.factories import factory_list, main_refs, provide_main
 
 _WORKER_MODE = {
@@ -219,6 +219,8 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         # DISABLED: envs that ended and were not reset since (stepping them is refused).
         self._ended = np.zeros(self.num_envs, dtype=np.bool_)
+        # step() in one call under the lock, unless a subclass changes step_async or step_wait.
+        self._plain_step = owner.step_async is ShmVectorEnv.step_async and owner.step_wait is ShmVectorEnv.step_wait
         self._reset_mask: np.ndarray | None = None  # the mask of the reset_async() in flight
 
     @classmethod
@@ -325,8 +327,17 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
             ``reset_async`` or a ``call_async`` is in flight.
         :raises WorkerDiedError: a worker died; the original exception type if an env raised.
         """
-        self.step_async(actions)
-        return self.step_wait()
+        engine, own = self._engine, self.__dict__
+        if engine is None or not self._plain_step or "step_async" in own or "step_wait" in own:
+            self.step_async(actions)  # a subclass's or an object's own step_async/step_wait
+            return self.step_wait()
+        with engine.lock:  # (serialized, as every public call: shmvec._state, "Threads")
+            if (engine.state is not IDLE or self.closed
+                    or (self.autoreset_mode == AutoresetMode.DISABLED and self._ended.any())):
+                self.step_async(actions)  # raises, with every check's message
+                return self.step_wait()
+            engine.post_step(actions)
+            return self._collect_step(engine, None)
 
     @serialized
     def step_async(self, actions: Any) -> None:
@@ -351,6 +362,10 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         """
         engine = self._waiting_for("step")
         engine.check_poster("step_wait")
+        return self._collect_step(engine, timeout)
+
+    def _collect_step(self, engine: Engine, timeout: float | None) -> tuple:
+        """The step in flight, waited for and returned; over once it returns or raises an Exception."""
         # A Ctrl-C here leaves the step in flight until its return is built: step_wait() collects
         # it, reset() finishes it and drops it.  A failed step (the engine is broken) leaves nothing.
         results = engine.complete_step(timeout)
