@@ -23,7 +23,7 @@ from gymnasium.wrappers import vector as vw
 import testenvs
 from helpers import REPO_ROOT, assert_same, close_all, pythonpath, SB3
 from shmvec import ShmVecEnvError, ShmVectorEnv, make_vec
-from shmvec._errors import ClosedVecEnvError
+from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError
 
 N_STEPS = 80
 MODES = list(AutoresetMode)
@@ -162,6 +162,45 @@ def test_disabled_refuses_to_step_an_ended_env():
         env.step(actions)  # the refusal left the vector env usable
     finally:
         env.close()
+
+
+class CountingVectorEnv(ShmVectorEnv):
+    """A subclass that changes step_async and step_wait: step() must go through them."""
+
+    calls: list
+
+    def step_async(self, actions):
+        self.calls.append("step_async")
+        super().step_async(actions)
+
+    def step_wait(self, **kwargs):
+        self.calls.append("step_wait")
+        return super().step_wait(**kwargs)
+
+
+def test_step_goes_through_a_replaced_step_async_or_step_wait():
+    fns = testenvs.spaces_env_fns("box", "discrete", 3)
+    ref = SyncVectorEnv(fns)
+    sub = CountingVectorEnv(fns, n_workers=2, start_method="fork")
+    plain = ShmVectorEnv(fns, n_workers=2, start_method="fork")
+    try:
+        sub.calls = []
+        actions = np.array([0, 1, 1])
+        want = (ref.reset(seed=3), ref.step(actions), ref.step(actions))
+        assert_same_vec((sub.reset(seed=3), sub.step(actions), sub.step(actions)), want)
+        assert sub.calls == ["step_async", "step_wait"] * 2
+        seen = []
+        plain.step_wait = lambda **kw: (seen.append("own"), ShmVectorEnv.step_wait(plain, **kw))[1]
+        assert_same_vec((plain.reset(seed=3), plain.step(actions), plain.step(actions)), want)
+        assert seen == ["own", "own"]
+        del plain.step_wait
+        plain.step_async(actions)  # in flight: step() refuses, in Gymnasium's words, and the step stays
+        with pytest.raises(AlreadyPendingCallError, match="pending call to `step`"):
+            plain.step(actions)
+        plain.step_wait()
+        plain.step(actions)
+    finally:
+        close_all(sub, plain, ref)
 
 
 @pytest.mark.parametrize("mask, exc", [
