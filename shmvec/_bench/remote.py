@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     B.import_modules(args.backend)
     before = tree_memory()
     handle, startup_s = _build(args)
+    paused: list[int] = []
     try:
         stepper = Stepper(handle.step, handle.sample_actions(ACTION_BATCHES), handle.envs_per_step or args.n_envs,
                           warmup_steps=FOOTPRINT_STEPS)
@@ -72,17 +74,52 @@ def main(argv: list[str] | None = None) -> int:
         for line in sys.stdin:
             req = json.loads(line)
             cmd = req["cmd"]
+            _signal(paused, signal.SIGCONT)
             if cmd == "chunk":
-                _answer({"sps": stepper.chunk(float(req["seconds"]))})
+                answer = {"sps": stepper.chunk(float(req["seconds"]))}
             elif cmd == "latency":
-                _answer({"us": stepper.latency_us(int(req["steps"]))})
+                answer = {"us": stepper.latency_us(int(req["steps"]))}
             elif cmd == "close":
                 break
             else:
-                _answer({"error": f"unknown command {cmd!r}"})
+                answer = {"error": f"unknown command {cmd!r}"}
+            paused = children()
+            _signal(paused, signal.SIGSTOP)  # (see PAUSE_CHILDREN)
+            _answer(answer)
         return 0
     finally:
+        _signal(paused, signal.SIGCONT)
         handle.close()
+
+
+#: Between two requests the helper stops its backend's processes (SIGSTOP) and resumes them
+#: (SIGCONT) as the next one comes: PufferLib's workers busy-wait for half a second after their
+#: last step, on the cores the backend measured next needs.
+PAUSE_CHILDREN = True
+
+
+def children(pid: int | None = None) -> list[int]:
+    """The processes ``pid`` (this one) started (its backend's workers), from ``/proc``."""
+    if not PAUSE_CHILDREN or not os.path.isdir("/proc"):
+        return []
+    me, out = str(os.getpid() if pid is None else pid), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if f.read().rpartition(")")[2].split()[1] == me:
+                        out.append(int(entry))
+            except (OSError, IndexError):
+                continue
+    return out
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
 
 
 class RemoteError(RuntimeError):
@@ -133,6 +170,7 @@ class RemoteBackend:
         ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout)
         line = self.proc.stdout.readline() if ready else ""
         if not line:
+            _signal(children(self.proc.pid), signal.SIGKILL)
             self.proc.kill()
             self.proc.wait()
             what = "no answer within %.0f s" % self.timeout if not ready else f"exit code {self.proc.returncode}"
@@ -166,6 +204,7 @@ class RemoteBackend:
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
+                _signal(children(self.proc.pid), signal.SIGKILL)  # (stopped between requests, they would stay)
                 self.proc.kill()
                 self.proc.wait()
         for f in (self.proc.stdout, self.proc.stdin):

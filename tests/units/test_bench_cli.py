@@ -24,7 +24,7 @@ from shmvec import bench
 from shmvec._bench import backends as B
 from shmvec._bench.envs import EnvFactory, check_env_name, obs_nbytes
 from shmvec._bench.measures import ACTION_BATCHES, Ceiling, Stepper, median_ratio, side_by_side, tree_memory
-from shmvec._bench.remote import RemoteBackend, RemoteError
+from shmvec._bench.remote import RemoteBackend, RemoteError, children as remote_children
 
 ROOT = REPO_ROOT  # the checkout: bench/ scripts
 
@@ -416,6 +416,27 @@ def test_remote_helper_serves_chunks():
         assert r.ready["startup_s"] > 0 and r.workers == 1
         assert r.chunk(0.05) > 0
         assert len(r.latency_us(5)) == 5
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
+def test_remote_helper_stops_its_backends_processes_between_requests():
+    """A backend's workers that busy-wait after their chunk (PufferLib's, for half a second) would
+    take a core from the backend measured next: stopped until the next request, then resumed."""
+    with RemoteBackend(sys.executable, "SubprocVecEnv", B.BuildSpec("CartPole-v1", 2, 2)) as r:
+        assert r.chunk(0.05) > 0
+        workers = remote_children(r.proc.pid)
+        assert len(workers) == 2 and all(_state(pid) == "T" for pid in workers), [_state(p) for p in workers]
+        assert r.chunk(0.05) > 0  # resumed for the request (it would hang otherwise)
+        assert all(_state(pid) == "T" for pid in workers)
+    assert r.proc.returncode == 0
+    for pid in workers:  # closed with them: none left, stopped or not
+        with pytest.raises(FileNotFoundError):
+            _state(pid)
 
 
 def test_puffer_workers_leave_a_core_to_the_busy_waiting_main_process():
