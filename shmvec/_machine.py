@@ -55,7 +55,7 @@ import numpy as np
 from shmvec import _mainload
 from shmvec._errors import user_stacklevel
 
-__all__ = ["CpuBudget", "cpu_budget", "usable_cores", "cores_taken", "note_workers", "default_start_method",
+__all__ = ["CpuBudget", "cpu_budget", "usable_cores", "cores_taken", "note_workers", "Load", "read_load", "TICKS_PER_S", "default_start_method",
            "cpu_sets", "set_forkserver_preload", "start_forkserver"]
 
 _CPU_DIR = "sys/devices/system/cpu"
@@ -232,6 +232,62 @@ def note_workers(pids: Iterable[int | None], live: bool = True) -> None:
     for pid in pids:
         if pid is not None:
             (_OWN_WORKERS.add if live else _OWN_WORKERS.discard)(pid)
+
+
+@dataclass(frozen=True)
+class Load:
+    """One reading of what runs on a set of CPUs (:func:`read_load`); two readings apart in time
+    say how many cores other processes took meanwhile and which workers waited for a core."""
+
+    busy: int  # busy clock ticks of the CPUs read (user, nice, system, irq, softirq), since boot
+    own: dict[int, int]  # clock ticks each process of ours ran (this one, all its threads; its workers)
+    waits: dict[int, tuple[int, int]]  # a worker's pid -> (ns it waited on a run queue, the CPU it last ran on)
+
+
+#: /proc's clock ticks per second (``busy`` and ``own`` of :class:`Load`).
+TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def read_load(cpus: Iterable[int], workers: Iterable[int], root: str = "/") -> Load | None:
+    """What runs on ``cpus`` now: their busy ticks (``/proc/stat``), the ticks of this process and
+    of every worker of its vec envs (:func:`note_workers`, ``/proc/<pid>/stat``), and for each of
+    ``workers`` the time it waited for a core (``/proc/<pid>/schedstat``) and its last CPU.  None
+    where ``/proc`` cannot be read.  A process that is gone is left out."""
+    wanted = {f"cpu{c}" for c in cpus}
+    try:
+        busy = 0
+        with open(os.path.join(root, "proc/stat")) as f:
+            for line in f:
+                name, _, rest = line.partition(" ")
+                if name in wanted:
+                    v = rest.split()
+                    busy += int(v[0]) + int(v[1]) + int(v[2]) + int(v[5]) + int(v[6])
+    except (OSError, ValueError, IndexError):
+        return None
+    own: dict[int, int] = {}
+    waits: dict[int, tuple[int, int]] = {}
+    for pid in {os.getpid(), *_OWN_WORKERS, *workers}:
+        fields = _stat_fields(root, pid)
+        if fields is not None:
+            own[pid] = int(fields[11]) + int(fields[12])  # utime + stime
+    for pid in workers:
+        fields = _stat_fields(root, pid)
+        sched = _read(os.path.join(root, f"proc/{pid}/schedstat"))
+        if fields is not None and sched is not None:
+            try:
+                waits[pid] = (int(sched.split()[1]), int(fields[36]))  # run_delay, processor
+            except (ValueError, IndexError):
+                continue
+    return Load(busy, own, waits)
+
+
+def _stat_fields(root: str, pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat``'s fields after the command's name (the state first), or None."""
+    text = _read(os.path.join(root, f"proc/{pid}/stat"))
+    if text is None:
+        return None
+    fields = text.rpartition(")")[2].split()
+    return fields if len(fields) > 36 else None
 
 
 def _read(path: str) -> str | None:

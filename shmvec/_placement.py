@@ -72,6 +72,7 @@ engine never posts, so it never places the parent's workers.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import weakref
@@ -79,11 +80,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shmvec._machine import cpu_budget
+from shmvec._machine import TICKS_PER_S, Load, cpu_budget, read_load
 from shmvec._sync import current_cpu
 
 __all__ = ["Placement", "Plan", "plan", "placement_for", "SETTLE", "WINDOW", "MARGIN", "EARLY", "EARLY_MARGIN", "CHANGE", "HOLD",
-           "ABANDON", "SPACING", "OUTLIER", "typical",
+           "ABANDON", "SPACING", "OUTLIER", "PAUSE_S", "typical", "CHECK_S", "FOREIGN", "WAITING", "LEAVE_TRIES",
            "MAX_HOLD", "PACKED_SPIN_S"]
 
 #: Steps before the first trial (the workers' own spin adapts to the loop first); then the
@@ -99,8 +100,11 @@ MARGIN = 0.03
 ABANDON = 4.0
 #: Steps between a trial and one that a change of the loop starts.
 SPACING = 512
-#: A period over this many times its window's median is a pause, not a step: left out.
+#: A period over this many times its window's median, and over PAUSE_S, is a pause, not a step:
+#: left out.  (Under PAUSE_S it may be a step that waited for a core another process held: the
+#: scheduler gives it back within a few ticks.)
 OUTLIER = 4.0
+PAUSE_S = 0.02
 #: Held, a window whose typical period is this factor off the chosen placement's starts a trial.
 CHANGE = 1.5
 #: A trial's second placement, slower by this much over its first EARLY periods, loses at once.
@@ -112,6 +116,17 @@ MAX_HOLD = 65536
 #: The parent's spin while it waits, packed (it has a core of its own): the options' default
 #: parent spin where a core is free for it (shmvec._options.DEFAULT_PARENT_SPIN_US).
 PACKED_SPIN_S = 1e-3
+
+#: Held, the load of the cores is read at most this often (seconds): which cores other processes
+#: take, and which workers wait for a core there.
+CHECK_S = 0.25
+#: Other processes ran this many cores' worth or more since the last reading: the cores where a
+#: worker waited are left out; under half of it, every core is used again.
+FOREIGN = 0.5
+#: A worker waited on a run queue this share of the time or more: its core is taken.
+WAITING = 0.2
+#: A trial of the cores to leave out times the cores as they are and at most this many other sets.
+LEAVE_TRIES = 3
 
 SPREAD, PACKED = "spread", "packed"
 
@@ -125,6 +140,8 @@ class Placement:
     :param set_spin: called with the parent's spin (seconds) each time the placement changes.
     :param spread_spin_s: the parent's spin spread (the options').
     :param clock: the clock the loop's periods are read from (seconds).
+    :param load: reads the cores' load (:func:`shmvec._machine.read_load`: the cores, the workers'
+        pids); None: the cores are never left out.
     """
 
     pids: Callable[[], Iterable[int]]
@@ -155,6 +172,15 @@ class Placement:
     watch_from: float = 0.0
     watch_budget: float = 0.0
     clock: Callable[[], float] = time.perf_counter
+    load: Callable[[frozenset[int], list[int]], Load | None] | None = None
+    avoid: frozenset[int] = frozenset()  # cores left out: other processes take them
+    reading: Load | None = None  # the last reading of the load, taken at read_at (clock)
+    read_at: float = 0.0
+    avoids: int = 0  # times the cores left out changed
+    left_out: dict[frozenset[int], float] = field(default_factory=dict)  # cores left out -> typical period (s)
+    to_leave: list[frozenset[int]] = field(default_factory=list)  # the cores to leave out next in this trial
+    since_left: int = HOLD  # steps held since the last trial of the cores to leave out
+    leave_hold: int = 0  # steps before the next such trial (doubled while trials keep the cores)
 
     def posting(self) -> None:
         """A step is being posted (the engine's lock is held)."""
@@ -173,12 +199,26 @@ class Placement:
 
     def _abandon(self) -> None:
         self.watch = self.early = self.timing = False
+        if self.phase == "cores":
+            self.left_out[self.avoid] = math.inf  # far slower: not timed further
+            self._next_cores()
+            return
         self.trial[self.packed] = [self.clock() - self.watch_from]  # (its whole time: it loses)
         self._decide()
 
     def _advance(self) -> None:
+        if self.phase == "cores":  # a trial of the cores left out (_check_load): one set after the other
+            if not self.timing:
+                self._time_window()
+                return
+            self.timing = self.watch = False
+            self.left_out[self.avoid] = typical(self.periods)
+            self._next_cores()
+            return
         if self.phase == "start":  # spread them out for good measure: as they start, two may share a core
             self._apply(False, switch=False)
+            if self.load is not None:  # the first reading of the load, to compare the next with
+                self.reading, self.read_at = self.load(self.cores, list(self.pids())), self.clock()
             self.phase, self.countdown = "settle", SETTLE
             return
         if self.phase == "settle":
@@ -238,6 +278,11 @@ class Placement:
         periods = list(self.periods)
         self.periods.clear()
         self.held += len(periods)
+        self.since_left += len(periods)
+        if self.load is not None and self.clock() - self.read_at >= CHECK_S and self._check_load():
+            if self.phase == "hold":  # every core again: the loop's period changes with them
+                self._start_trial(early=True)
+            return
         value = typical(periods) if periods else self.reference
         off = not self.reference / CHANGE < value < self.reference * CHANGE
         # Two windows off in a row, and not sooner than SPACING steps after the last trial: on cores
@@ -251,22 +296,96 @@ class Placement:
         if not changed and self.held < self.hold:
             self.countdown = WINDOW
             return
-        if changed:
-            self.hold = HOLD // 2  # the next trial's choice is held HOLD steps, whichever it is
-            self.changes += 1
+        self.changes += changed
+        self._start_trial(early=changed)
+
+    def _start_trial(self, early: bool) -> None:
+        """The next trial; ``early``: before the hold is over (the loop or the cores changed), and
+        its choice is held HOLD steps, whichever it is."""
+        if early:
+            self.hold = HOLD // 2
         self.timing = False
+        self.periods.clear()
         self.trial.clear()
         self.first = self.packed
         self.phase, self.countdown = "settle", SETTLE
 
+    def _check_load(self) -> bool:
+        """Reads the load (every ``CHECK_S``).  Other processes took ``FOREIGN`` of a core or more
+        beyond the cores left out, and workers waited for a core: a trial of the cores to leave
+        out (one more, among those where workers waited most) starts.  Others took ``FOREIGN`` of
+        a core less than the cores left out: every core is used again.  True if either happened."""
+        assert self.load is not None
+        last, now = self.reading, self.load(self.cores, list(self.pids()))
+        span, self.reading, self.read_at = self.clock() - self.read_at, now, self.clock()
+        if last is None or now is None or span <= 0:
+            return False
+        own = sum(ticks - last.own.get(pid, 0) for pid, ticks in now.own.items())
+        foreign = (now.busy - last.busy - own) / TICKS_PER_S / span
+        if self.avoid and foreign <= len(self.avoid) - FOREIGN:
+            self.avoid, self.avoids = frozenset(), self.avoids + 1
+            self._apply(self.packed, switch=False)
+            return True
+        if foreign < len(self.avoid) + FOREIGN or self.since_left < self.leave_hold:
+            return False
+        waited = {cpu: 0 for cpu in self.cores - self.avoid}  # ns its workers waited, by CPU they last ran on
+        for pid, (ns, cpu) in now.waits.items():
+            if pid in last.waits and cpu in waited:
+                waited[cpu] += ns - last.waits[pid][0]
+        if len(waited) < 2 or max(waited.values()) / 1e9 / span < WAITING:
+            return False  # (a worker moves between cores: its last CPU is a hint, each core may be tried)
+        ordered = sorted(waited, key=lambda cpu: (-waited[cpu], cpu))
+        self.timing, self.left_out = False, {}
+        self.to_leave = [self.avoid | {cpu} for cpu in ordered[:LEAVE_TRIES]]
+        self.phase, self.countdown = "cores", SETTLE  # the cores as they are first
+        return True
+
+    def _time_window(self) -> None:
+        self.countdown, self.timing, self.last = WINDOW, True, self.clock()
+        self.periods.clear()
+
+    def _next_cores(self) -> None:
+        """The next set of cores to leave out in this trial (watched: abandoned once its steps take
+        ``ABANDON`` times the first set's), or the trial's end."""
+        if not self.to_leave:
+            self._keep_cores()
+            return
+        self.avoid = self.to_leave.pop(0)
+        self._apply(self.packed, switch=False)
+        self.countdown = SETTLE
+        first = next(iter(self.left_out.values()))
+        self.watch, self.watch_from, self.watch_budget = True, self.clock(), (SETTLE + WINDOW) * ABANDON * first
+
+    def _keep_cores(self) -> None:
+        """The end of a trial of the cores left out: the fastest set, if it wins by ``MARGIN``
+        over the cores as they were; then held.  A trial that keeps them doubles the steps
+        before the next one (from ``HOLD``, up to ``MAX_HOLD``)."""
+        first, before = next(iter(self.left_out.items()))
+        best = min(self.left_out, key=self.left_out.__getitem__)
+        chosen = best if self.left_out[best] < before * (1.0 - MARGIN) else first
+        self.since_left = 0
+        self.leave_hold = HOLD if chosen != first else min(max(self.leave_hold * 2, HOLD), MAX_HOLD)
+        self.avoids += chosen != first
+        if chosen != self.avoid:
+            self.avoid = chosen
+            self._apply(self.packed, switch=False)
+        self.reference, self.held, self.suspect = self.left_out[chosen], 0, False
+        self.phase = "hold"
+        self.countdown = SETTLE + WINDOW
+        self.timing, self.last = True, self.clock()
+        self.periods.clear()
+
     def _apply(self, packed: bool, switch: bool = True) -> None:
         """Sets every worker's affinity for ``packed`` and the parent's spin with it."""
-        cores = self.cores
+        cores = self.cores - self.avoid
+        spin = self.spread_spin_s
         try:
             if packed:
-                others = cores - {current_cpu()} or cores
+                others = cores - {current_cpu()}
+                if others:  # (else the parent is on the one core left: it sleeps there, as spread)
+                    spin = PACKED_SPIN_S
                 for pid in self.pids():
-                    os.sched_setaffinity(pid, others)
+                    os.sched_setaffinity(pid, others or cores)
             else:
                 # Each worker onto a core of its own first, then free to move: widened alone, the
                 # workers would stay packed until the scheduler balanced them, milliseconds later.
@@ -279,7 +398,7 @@ class Placement:
             return
         self.packed = packed
         self.switches += switch
-        self.set_spin(PACKED_SPIN_S if packed else self.spread_spin_s)
+        self.set_spin(spin)
 
     def stop(self, why: str) -> None:
         """Stops the trials for good: every worker that can be is put back on all the cores."""
@@ -306,16 +425,20 @@ class Placement:
             why = (f"the last trial's typical period between steps: spread {us[SPREAD]} us, packed "
                    f"{us[PACKED]} us (a move must win by {MARGIN:.0%}); tried again within {self.hold} steps, or "
                    f"as soon as the loop's period changes by {CHANGE}x")
+        if self.avoid:
+            why += (f"; cores {sorted(self.avoid)} left out: other processes took them and workers waited for "
+                    f"them (every core again once others take under {FOREIGN / 2} of one)")
         return {"value": PACKED if self.packed else SPREAD, "why": why, "trials": self.trials,
-                "switches": self.switches, "changes": self.changes, "repairs": self.repairs}
+                "switches": self.switches, "changes": self.changes, "repairs": self.repairs,
+                "cores_left_out": sorted(self.avoid)}
 
 
 def typical(periods: list[float]) -> float:
-    """A window's typical period: the mean of those under ``OUTLIER`` times its median (a pause,
-    PPO's update, is left out; a placement whose periods vary, on cores another process keeps
-    busy, pays for its slow ones, as its throughput does)."""
+    """A window's typical period: the mean of those under ``OUTLIER`` times its median or
+    ``PAUSE_S`` (a pause, PPO's update, is left out; a placement whose periods vary, on cores
+    another process keeps busy, pays for its slow ones, as its throughput does)."""
     ordered = sorted(periods)
-    cut = OUTLIER * ordered[len(ordered) // 2]
+    cut = max(OUTLIER * ordered[len(ordered) // 2], PAUSE_S)
     kept = [p for p in ordered if p <= cut]
     return sum(kept) / len(kept)
 
@@ -369,4 +492,4 @@ def placement_for(options: Any, pids: Callable[[], Iterable[int]], engine: Any) 
         if held is not None:
             held.parent_spin_s = spin_s
 
-    return placed, Placement(pids, placed.cores, set_spin, options.parent_spin_s)
+    return placed, Placement(pids, placed.cores, set_spin, options.parent_spin_s, load=read_load)

@@ -241,3 +241,49 @@ def test_defaults_follow_the_budget(monkeypatch):
     assert options.n_workers == 3 and options.parent_spin_s == 0.0
     options, _ = _options.Options.build(fns, n_workers=2, start_method="fork")
     assert options.parent_spin_s == _options.DEFAULT_PARENT_SPIN_US * 1e-6
+
+
+def _proc_stat_line(pid: int, state: str, utime: int, stime: int, cpu: int) -> str:
+    after = [state, "1", str(pid), str(pid), "0", "-1", "0"] + ["0"] * 4 + [str(utime), str(stime)] + ["0"] * 23 + [str(cpu)]
+    return f"{pid} (a (strange) name) " + " ".join(after + ["0"] * 10) + "\n"
+
+
+def test_read_load_parses_proc(tmp_path):
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "stat").write_text(
+        "cpu  100 0 0 900 0 0 0 0 0 0\n"
+        "cpu0 10 1 2 300 5 3 4 7 0 0\n"   # busy: user nice system irq softirq = 10+1+2+3+4
+        "cpu1 20 0 5 300 0 0 0 0 0 0\n"
+        "cpu2 999 0 0 0 0 0 0 0 0 0\n"    # not one of the cores read
+        "intr 5\n")
+    me, worker, gone = os.getpid(), 4242, 4343
+    for pid, line in ((me, _proc_stat_line(me, "R", 50, 7, 1)), (worker, _proc_stat_line(worker, "S", 30, 2, 0))):
+        (proc / str(pid)).mkdir()
+        (proc / str(pid) / "stat").write_text(line)
+    (proc / str(worker) / "schedstat").write_text("123456 789000 42\n")
+    load = M.read_load([0, 1], [worker, gone], root=str(tmp_path))
+    assert load is not None and load.busy == 20 + 25
+    assert load.own == {me: 57, worker: 32}  # a process that is gone is left out
+    assert load.waits == {worker: (789000, 0)}
+    assert M.read_load([0], [], root=str(tmp_path / "nowhere")) is None
+
+
+def test_read_load_on_this_machine_sees_a_busy_worker():
+    import subprocess
+    import sys
+    import time
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass"])
+    try:
+        first = M.read_load(cpus, [busy.pid])
+        time.sleep(0.5)
+        second = M.read_load(cpus, [busy.pid])
+    finally:
+        busy.wait()
+    if first is None or busy.pid not in first.waits:
+        pytest.skip("/proc/<pid>/schedstat cannot be read here")
+    assert second.busy - first.busy >= 0.3 * M.TICKS_PER_S  # the child's half second shows
+    assert second.own[busy.pid] - first.own[busy.pid] >= 0.3 * M.TICKS_PER_S
+    assert second.waits[busy.pid][1] in cpus

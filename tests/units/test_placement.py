@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-from shmvec import ShmVecEnv, make_env
+from shmvec import make_env
 from shmvec import _placement as PL
+from shmvec._machine import TICKS_PER_S, Load
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                                 reason="placement needs os.sched_setaffinity and two CPUs")
@@ -45,11 +47,43 @@ class Clock:
         return self.now
 
 
-def drive(placement: PL.Placement, steps: int, packed_s: float, spread_s: float) -> None:
-    """``steps`` posts, each after the loop's time in the current placement."""
+def drive(placement: PL.Placement, steps: int, packed_s: float = 0.0, spread_s: float = 0.0, period=None) -> None:
+    """``steps`` posts, each after the loop's time in the current placement (``period(placement)``
+    if given)."""
     for _ in range(steps):
-        placement.clock.now += packed_s if placement.packed else spread_s
+        placement.clock.now += period(placement) if period else packed_s if placement.packed else spread_s
         placement.posting()
+
+
+class Readings:
+    """The cores' load as the machine reports it (shmvec._machine.read_load), given: other
+    processes take ``foreign`` cores, and worker i waits ``waited[i]`` of the time, last on
+    ``cpus[i]`` (this process and its workers run one core's worth)."""
+
+    def __init__(self, clock: Clock, pids: list[int], cpus: list[int]) -> None:
+        self.clock, self.pids, self.cpus = clock, pids, cpus
+        self.foreign, self.waited = 0.0, [0.0] * len(pids)
+        self.busy = self.own = 0
+        self.waits = [0] * len(pids)
+        self.at = clock()
+        self.readings = 0
+
+    def __call__(self, cores: frozenset[int], pids: list[int]) -> Load:
+        span, self.at = self.clock() - self.at, self.clock()
+        self.readings += 1
+        self.own += round(span * TICKS_PER_S)
+        self.busy += round((1.0 + self.foreign) * span * TICKS_PER_S)
+        for i, share in enumerate(self.waited):
+            self.waits[i] += round(share * span * 1e9)
+        return Load(self.busy, {os.getpid(): self.own},
+                    {pid: (self.waits[i], self.cpus[i]) for i, pid in enumerate(self.pids)})
+
+
+def placed(sleepers, spins=None) -> tuple[PL.Placement, Readings]:
+    clock = Clock()
+    pids = [p.pid for p in sleepers]
+    readings = Readings(clock, pids, [min(CORES), max(CORES)])
+    return PL.Placement(lambda: pids, CORES, (spins or []).append, 0.0, clock=clock, load=readings), readings
 
 
 def end_hold(placement: PL.Placement) -> None:
@@ -186,6 +220,8 @@ def test_the_plan_says_when_placement_is_off():
 
 
 def test_describe_says_what_the_engine_decided():
+    from shmvec import ShmVecEnv
+
     env = ShmVecEnv([make_env("CartPole-v1")] * 2, n_workers=2, start_method="fork")
     off = ShmVecEnv([make_env("CartPole-v1")] * 2, n_workers=2, start_method="fork", cpu_affinity=False)
     try:
@@ -204,6 +240,8 @@ def test_describe_says_what_the_engine_decided():
 def test_a_dropped_engine_with_a_placement_is_freed_without_the_collector():
     import gc
     import weakref
+
+    from shmvec import ShmVecEnv
 
     enabled = gc.isenabled()
     gc.collect()
@@ -226,6 +264,8 @@ def test_a_dropped_engine_with_a_placement_is_freed_without_the_collector():
 def test_steps_equal_dummy_while_placements_switch(monkeypatch):
     """Placements switching every few steps change where the workers run, never what they return."""
     from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from shmvec import ShmVecEnv
 
     monkeypatch.setattr(PL, "START", 1)
     monkeypatch.setattr(PL, "SETTLE", 1)
@@ -257,3 +297,114 @@ def test_steps_equal_dummy_while_placements_switch(monkeypatch):
     finally:
         shm.close()
         ref.close()
+
+
+HOG = max(CORES) if CORES else 0
+
+
+def hogged(placement: PL.Placement) -> float:
+    """The loop's period with another process on core HOG: slow while a worker may run there."""
+    return 0.004 if HOG not in placement.avoid else 0.0002
+
+
+def until(placement: PL.Placement, done, period, limit: int = 20000) -> int:
+    for n in range(limit):
+        if done(placement):
+            return n
+        drive(placement, 1, period=period)
+    raise AssertionError(f"not within {limit} steps: {placement.as_dict()}")
+
+
+def test_a_core_another_process_takes_is_left_out_and_used_again_once_free(sleepers):
+    pl, readings = placed(sleepers)
+    readings.foreign, readings.waited = 1.0, [0.05, 0.9]  # the worker last seen on HOG waits there
+    until(pl, lambda p: p.phase == "hold" and p.avoid, hogged)
+    assert pl.avoid == {HOG} and pl.avoids == 1, pl.as_dict()
+    # The cores as they were, then each core left out, the most waited-on first.
+    assert list(pl.left_out)[:2] == [frozenset(), frozenset({HOG})] and len(pl.left_out) == min(len(CORES), 3) + 1
+    assert pl.left_out[frozenset({HOG})] < pl.left_out[frozenset()]
+    for p in sleepers:
+        assert os.sched_getaffinity(p.pid) == CORES - {HOG}
+    shown = pl.as_dict()
+    assert shown["cores_left_out"] == [HOG] and "other processes took them" in shown["why"]
+    # Still taken: held (no trial of the cores every reading).
+    drive(pl, 2000, period=hogged)
+    assert pl.avoid == {HOG} and pl.avoids == 1
+    # The other process is gone: every core again (and a trial of the placements, the loop changed).
+    readings.foreign, readings.waited = 0.0, [0.05, 0.05]
+    until(pl, lambda p: not p.avoid, lambda p: 0.0002)
+    assert pl.avoids == 2 and pl.phase == "settle"
+    for p in sleepers:
+        assert os.sched_getaffinity(p.pid) == CORES
+
+
+def test_no_trial_of_the_cores_while_no_worker_waits_for_one(sleepers):
+    pl, readings = placed(sleepers)
+    readings.foreign, readings.waited = 1.5, [0.05, 0.1]  # others run, on cores the workers do not need
+    drive(pl, 3000, period=lambda p: 0.0002)
+    assert readings.readings > 2 and not pl.left_out and not pl.avoid and pl.avoids == 0
+
+
+def test_a_trial_that_keeps_the_cores_waits_twice_as_long_for_the_next(sleepers):
+    pl, readings = placed(sleepers)
+    readings.foreign, readings.waited = 1.0, [0.5, 0.5]  # workers wait, and leaving a core out does not help
+    until(pl, lambda p: p.left_out and p.phase == "hold", lambda p: 0.001)
+    assert not pl.avoid and pl.leave_hold == PL.HOLD and len(pl.left_out) == 3  # both cores were tried
+    until(pl, lambda p: p.since_left == 0 and p.phase == "hold" and p.leave_hold > PL.HOLD, lambda p: 0.001)
+    assert not pl.avoid and pl.leave_hold == 2 * PL.HOLD and pl.avoids == 0
+
+
+def test_a_far_slower_set_of_cores_is_abandoned_within_steps(sleepers):
+    pl, readings = placed(sleepers)
+    # The most waited-on core is not the taken one: leaving it out first puts the workers on HOG.
+    readings.foreign, readings.waited = 1.0, [0.9, 0.05]
+    periods = {frozenset(): 0.001, frozenset({min(CORES)}): 0.02, frozenset({HOG}): 0.0002}
+    until(pl, lambda p: p.phase == "cores", lambda p: 0.0002)
+    start = pl.clock()
+    until(pl, lambda p: p.phase == "hold", lambda p: periods[p.avoid])
+    assert pl.avoid == {HOG} and pl.left_out[frozenset({min(CORES)})] == float("inf"), pl.left_out
+    # The first set timed, the far slower one given up once it took ABANDON times that, the last timed.
+    steps = PL.SETTLE + PL.WINDOW
+    assert pl.clock() - start < steps * 0.001 * (1 + PL.ABANDON) + 0.02 + steps * 0.0002 + 1e-6
+
+
+def test_real_workers_leave_a_core_another_process_takes_and_come_back_once_it_is_free():
+    """A process that keeps a core busy, started after the vec env: its workers leave that core
+    (a step would wait for it), then use it again once the process is gone."""
+    import gymnasium as gym
+
+    from shmvec import ShmVectorEnv
+
+    env = ShmVectorEnv([lambda: gym.make("CartPole-v1")] * (2 * len(CORES)), n_workers=len(CORES),
+                       start_method="fork")
+    hog = None
+    try:
+        env.reset(seed=0)
+        if env._engine.placement is None:
+            pytest.skip(f"no placement on this machine: {env._engine.explain()['placement']['why']}")
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+        os.sched_setaffinity(hog.pid, {HOG})
+        actions = np.zeros(env.num_envs, dtype=np.int64)
+
+        def step_until(done, seconds: float = 30.0) -> dict:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                for _ in range(50):
+                    env.step(actions)
+                shown = env._engine.explain()["placement"]  # (ShmVecEnv.describe()["decided"])
+                if done(shown):
+                    return shown
+            raise AssertionError(f"not within {seconds} s: {env._engine.explain()['placement']}")
+
+        shown = step_until(lambda shown: shown["cores_left_out"] == [HOG])
+        assert "other processes took them" in shown["why"]
+        assert all(os.sched_getaffinity(pid) == CORES - {HOG} for pid in env._engine.workers.pids())
+        hog.kill()
+        hog.wait()
+        step_until(lambda shown: shown["cores_left_out"] == [])
+        assert all(os.sched_getaffinity(pid) <= CORES for pid in env._engine.workers.pids())
+    finally:
+        if hog is not None and hog.poll() is None:
+            hog.kill()
+            hog.wait()
+        env.close()
