@@ -90,7 +90,7 @@ class Config:
     latency: bool = True
     latency_steps: int = 200
     # Where users train (shmvec._bench.training): situations measured at training_points ("ENV:N").
-    situations: list[str] = field(default_factory=lambda: ["random", "policy", "busy"])
+    situations: list[str] = field(default_factory=lambda: list(T.SITUATIONS))
     workers_given: bool = False  # --workers: the training situations then pass it to shmvec too
     situations_given: bool = False  # --situations on the command line
     training_points: list[str] | None = None
@@ -177,7 +177,7 @@ def run(config: Config, progress: Progress | None = None) -> dict[str, Any]:
     foot = _footprint_points(config) if config.footprint else []
     train = parse_points(config.training_points or []) if config.situations else []
     total = (len(envs) + len(points) * config.rounds + len(foot) * len(names) + (len(names) if config.latency else 0)
-             + len(train) * config.rounds * (1 + ("busy" in config.situations)))
+             + len(train) * config.rounds * (1 + ("busy" in config.situations) + ("later" in config.situations)))
     progress = progress or Progress(total, enabled=False)
     progress.total = max(total, 1)
     results: dict[str, Any] = {
@@ -531,7 +531,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--situations", nargs="*", choices=list(T.SITUATIONS), metavar="SITUATION",
                    help="where users train, measured at --training-points for ShmVecEnv x DummyVecEnv and ShmVectorEnv "
                         "x SyncVectorEnv: random (random actions), policy (a policy picks the actions, torch at its "
-                        "default threads), busy (another process keeps a core busy); default all three, none to skip")
+                        "default threads), busy (another process keeps a core busy), later (the same process, started "
+                        "after the vec envs); default all four, none to skip")
     p.add_argument("--training-points", nargs="+", metavar="ENV:N",
                    help="where to measure the situations (default: the preset's, quick: CartPole-v1 at 8 and 64; "
                         "with --envs, --n-envs or --points: the run's own, when --situations is given)")

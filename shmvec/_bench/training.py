@@ -14,6 +14,10 @@ Users train: between two steps the parent runs the policy, and the machine is of
   ``parent_threads`` set for it (the run resets torch to its default before building each one).
 - ``busy``: another process keeps one core busy (a plain spin loop) while the backends step with
   random actions, as when a second job, an evaluation or a data loader shares the machine.
+  The backends are built while it runs, so that their defaults see the machine as it is.
+- ``later``: the same process starts after the backends are built (a second job started after
+  the first), and each backend steps ``LATER_WARM_S`` seconds beside it before the rounds: what a
+  long training run gets once the machine changed under it.
 
 Each situation pairs shmvec with the in-process reference of the same API: ``ShmVecEnv`` with
 ``DummyVecEnv`` and ``ShmVectorEnv`` with ``SyncVectorEnv``, in alternating rounds.
@@ -37,7 +41,9 @@ import numpy as np
 #: shmvec's backend -> the in-process reference of the same API.
 PAIRS = {"ShmVecEnv": "DummyVecEnv", "ShmVectorEnv": "SyncVectorEnv"}
 SB3_FACE = ("DummyVecEnv", "ShmVecEnv")
-SITUATIONS = ("random", "policy", "busy")
+SITUATIONS = ("random", "policy", "busy", "later")
+#: ``later``: seconds each backend steps beside the other process before its rounds.
+LATER_WARM_S = 1.5
 POLICY_SEED = 0  # every backend's policy starts from the same weights
 #: Above these a run's figures are not fit to compare (the report says so).
 BUSY_CORES_WARN = 0.3
@@ -305,8 +311,9 @@ def measure_point(env: str, n_envs: int, names: list[str], spec: Any, situations
         skipped.append({"backend": name, "env": env, "n_envs": n_envs, "situation": situation,
                         "reason": f"failed while stepping: {describe_error(e)}"})
 
-    def rounds_of(quiet: bool) -> None:
-        """Builds every backend (each as if it were the process's only vec env), then measures."""
+    def rounds_of(quiet: bool, later: bool = False) -> None:
+        """Builds every backend (each as if it were the process's only vec env), then measures
+        (``later``: after a :class:`Hog` started and each backend stepped ``LATER_WARM_S`` beside it)."""
         opened: dict[str, Any] = {}
         steppers: dict[str, Any] = {}
         try:
@@ -318,8 +325,8 @@ def measure_point(env: str, n_envs: int, names: list[str], spec: Any, situations
                     skipped.append({"backend": name, "env": env, "n_envs": n_envs,
                                     "reason": f"failed to build or step: {describe_error(e)}"})
                     continue
-                if not quiet:
-                    steppers[f"busy|{name}"] = backend
+                if not quiet or later:
+                    steppers[f"{'later' if later else 'busy'}|{name}"] = backend
                     continue
                 threads[name] = torch.get_num_threads() if torch is not None else 1
                 if "random" in situations:
@@ -331,7 +338,16 @@ def measure_point(env: str, n_envs: int, names: list[str], spec: Any, situations
                         name, backend.handle.step, first[0] if isinstance(first, tuple) else first, spec.n_envs,
                         getattr(venv, "single_observation_space", venv.observation_space),
                         getattr(venv, "single_action_space", venv.action_space), threads[name])
-            if steppers:
+            if steppers and later:
+                with Hog():
+                    for key, stepper in list(steppers.items()):
+                        try:
+                            stepper.chunk(LATER_WARM_S)
+                        except Exception as e:  # noqa: BLE001 - reported, the others go on
+                            failed(key, e)
+                            del steppers[key]
+                    figures.update(side_by_side(steppers, seconds, rounds, tick, on_error=failed))
+            elif steppers:
                 figures.update(side_by_side(steppers, seconds, rounds, tick, on_error=failed))
         finally:
             for backend in opened.values():
@@ -344,6 +360,8 @@ def measure_point(env: str, n_envs: int, names: list[str], spec: Any, situations
         with Hog():
             time.sleep(0.3)  # running before the vec envs start, as a job already on the machine
             rounds_of(quiet=False)
+    if "later" in situations:
+        rounds_of(quiet=True, later=True)
     out: list[dict[str, Any]] = []
     for key, rounds_ in figures.items():
         situation, name = key.split("|")
@@ -360,6 +378,7 @@ SITUATION_TITLES = {
     "random": "random actions, nothing else running",
     "policy": "a policy picks the actions (torch at its default threads)",
     "busy": "random actions, another process keeps one core busy",
+    "later": "the same, the process started after the vec envs were built",
 }
 
 

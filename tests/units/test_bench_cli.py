@@ -692,22 +692,26 @@ def test_multiagent_bare_loop_counts_agent_steps():
 
 @SB3
 @pytest.mark.parametrize("env", ["CartPole-v1", "image-36x36x4"])
-def test_where_users_train_measures_each_situation_for_each_pair(env, tmp_path, capsys, one_torch_thread):
-    """Random actions, a policy in the loop and a busy core, for ShmVecEnv x DummyVecEnv and
-    ShmVectorEnv x SyncVectorEnv: every pair has a ratio in every situation, in the text and markdown."""
+def test_where_users_train_measures_each_situation_for_each_pair(env, tmp_path, capsys, one_torch_thread, monkeypatch):
+    """Random actions, a policy in the loop, a busy core and a core busy later, for ShmVecEnv x
+    DummyVecEnv and ShmVectorEnv x SyncVectorEnv: every pair has a ratio in every situation, in the
+    text and markdown."""
     import torch
 
+    from shmvec._bench import training
+
+    monkeypatch.setattr(training, "LATER_WARM_S", 0.05)
     out = tmp_path / "r.json"
     torch.set_num_threads(2)  # torch's count as a script that sets none would have it on 2 cores
     rc, cap = _run_cli(["--envs", env, "--n-envs", "2", "--backends", "DummyVecEnv", "ShmVecEnv", "SyncVectorEnv",
-                        "ShmVectorEnv", "--situations", "random", "policy", "busy", "--no-footprint", "--no-latency",
+                        "ShmVectorEnv", "--situations", "random", "policy", "busy", "later", "--no-footprint", "--no-latency",
                         "--json", str(out), *TINY], capsys)
     assert rc == 0
     assert torch.get_num_threads() == 2  # the run leaves torch as it found it
     r = json.loads(out.read_text())
     assert not r["skipped"], r["skipped"]
     got = {(p["situation"], p["backend"]) for p in r["training"]}
-    assert got == {(s, b) for s in ("random", "policy", "busy")
+    assert got == {(s, b) for s in ("random", "policy", "busy", "later")
                    for b in ("DummyVecEnv", "ShmVecEnv", "SyncVectorEnv", "ShmVectorEnv")}
     for p in r["training"]:
         assert len(p["rounds"]) == 2 and p["steps_per_s"] > 0
@@ -718,13 +722,13 @@ def test_where_users_train_measures_each_situation_for_each_pair(env, tmp_path, 
     assert "Where users train" in cap.out and "ShmVectorEnv x SyncVectorEnv" in cap.out
     assert bench.main(["--from-json", str(out), "--markdown"]) == 0
     md = capsys.readouterr().out
-    assert f"| policy | {env} | 2 |" in md and f"| busy | {env} | 2 |" in md
+    assert f"| policy | {env} | 2 |" in md and f"| busy | {env} | 2 |" in md and f"| later | {env} | 2 |" in md
 
 
 def test_the_quick_preset_measures_where_users_train_at_8_and_64():
     config = bench.config_from_args(bench._parser().parse_args([]))
     assert config.training_points == ["CartPole-v1:8", "CartPole-v1:64"]
-    assert config.situations == ["random", "policy", "busy"]
+    assert config.situations == ["random", "policy", "busy", "later"]
     assert bench.config_from_args(bench._parser().parse_args(["--envs", "CartPole-v1"])).training_points is None
     assert bench.config_from_args(bench._parser().parse_args(["--situations"])).situations == []
 
