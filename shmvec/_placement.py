@@ -84,7 +84,8 @@ from shmvec._machine import TICKS_PER_S, Load, cpu_budget, read_load
 from shmvec._sync import current_cpu
 
 __all__ = ["Placement", "Plan", "plan", "placement_for", "SETTLE", "WINDOW", "MARGIN", "EARLY", "EARLY_MARGIN", "CHANGE", "HOLD",
-           "ABANDON", "SPACING", "OUTLIER", "PAUSE_S", "typical", "CHECK_S", "FOREIGN", "WAITING", "LEAVE_TRIES",
+           "ABANDON", "SPACING", "OUTLIER", "PAUSE_S", "typical", "CHECK_S", "FOREIGN", "WAITING", "LEAVE_TRIES", "LEAVE_WINDOW_S",
+           "LEAVE_HOLD_S", "LEAVE_MAX_HOLD_S",
            "MAX_HOLD", "PACKED_SPIN_S"]
 
 #: Steps before the first trial (the workers' own spin adapts to the loop first); then the
@@ -125,8 +126,16 @@ CHECK_S = 0.25
 FOREIGN = 0.5
 #: A worker waited on a run queue this share of the time or more: its core is taken.
 WAITING = 0.2
-#: A trial of the cores to leave out times the cores as they are and at most this many other sets.
+#: A trial of the cores to leave out times the cores as they are and at most this many other sets;
+#: one is abandoned once its steps take ABANDON times the first set's (beyond LEAVE_WINDOW_S).
 LEAVE_TRIES = 3
+#: Each set is timed WINDOW steps and at least this long: a worker on a core another process
+#: runs on gets it for a slice, then waits for a slice; a few steps may all fall in one.
+LEAVE_WINDOW_S = 0.1
+#: Seconds before the next trial of the cores to leave out, after one that left out others; one
+#: that kept them doubles it, up to LEAVE_MAX_HOLD_S.
+LEAVE_HOLD_S = 2.0
+LEAVE_MAX_HOLD_S = 64.0
 
 SPREAD, PACKED = "spread", "packed"
 
@@ -179,8 +188,8 @@ class Placement:
     avoids: int = 0  # times the cores left out changed
     left_out: dict[frozenset[int], float] = field(default_factory=dict)  # cores left out -> typical period (s)
     to_leave: list[frozenset[int]] = field(default_factory=list)  # the cores to leave out next in this trial
-    since_left: int = HOLD  # steps held since the last trial of the cores to leave out
-    leave_hold: int = 0  # steps before the next such trial (doubled while trials keep the cores)
+    left_at: float = -math.inf  # when the last trial of the cores to leave out ended (clock)
+    leave_hold: float = 0.0  # seconds before the next such trial (doubled while trials keep the cores)
 
     def posting(self) -> None:
         """A step is being posted (the engine's lock is held)."""
@@ -210,6 +219,9 @@ class Placement:
         if self.phase == "cores":  # a trial of the cores left out (_check_load): one set after the other
             if not self.timing:
                 self._time_window()
+                return
+            if sum(self.periods) < LEAVE_WINDOW_S:  # (a core shared with another process: its ticks)
+                self.countdown = WINDOW
                 return
             self.timing = self.watch = False
             self.left_out[self.avoid] = typical(self.periods)
@@ -278,7 +290,6 @@ class Placement:
         periods = list(self.periods)
         self.periods.clear()
         self.held += len(periods)
-        self.since_left += len(periods)
         if self.load is not None and self.clock() - self.read_at >= CHECK_S and self._check_load():
             if self.phase == "hold":  # every core again: the loop's period changes with them
                 self._start_trial(early=True)
@@ -297,6 +308,8 @@ class Placement:
             self.countdown = WINDOW
             return
         self.changes += changed
+        if changed:
+            self.leave_hold = 0.0  # the cores to leave out may have changed with the loop: tried at the next reading
         self._start_trial(early=changed)
 
     def _start_trial(self, early: bool) -> None:
@@ -326,7 +339,7 @@ class Placement:
             self.avoid, self.avoids = frozenset(), self.avoids + 1
             self._apply(self.packed, switch=False)
             return True
-        if foreign < len(self.avoid) + FOREIGN or self.since_left < self.leave_hold:
+        if foreign < len(self.avoid) + FOREIGN or self.clock() - self.left_at < self.leave_hold:
             return False
         waited = {cpu: 0 for cpu in self.cores - self.avoid}  # ns its workers waited, by CPU they last ran on
         for pid, (ns, cpu) in now.waits.items():
@@ -354,7 +367,9 @@ class Placement:
         self._apply(self.packed, switch=False)
         self.countdown = SETTLE
         first = next(iter(self.left_out.values()))
-        self.watch, self.watch_from, self.watch_budget = True, self.clock(), (SETTLE + WINDOW) * ABANDON * first
+        # Its window lasts LEAVE_WINDOW_S at least, whatever its steps take (and a move may cost a tick).
+        budget = (SETTLE + WINDOW) * ABANDON * first + LEAVE_WINDOW_S + PAUSE_S
+        self.watch, self.watch_from, self.watch_budget = True, self.clock(), budget
 
     def _keep_cores(self) -> None:
         """The end of a trial of the cores left out: the fastest set, if it wins by ``MARGIN``
@@ -363,8 +378,8 @@ class Placement:
         first, before = next(iter(self.left_out.items()))
         best = min(self.left_out, key=self.left_out.__getitem__)
         chosen = best if self.left_out[best] < before * (1.0 - MARGIN) else first
-        self.since_left = 0
-        self.leave_hold = HOLD if chosen != first else min(max(self.leave_hold * 2, HOLD), MAX_HOLD)
+        self.left_at = self.clock()
+        self.leave_hold = LEAVE_HOLD_S if chosen != first else min(max(self.leave_hold * 2, LEAVE_HOLD_S), LEAVE_MAX_HOLD_S)
         self.avoids += chosen != first
         if chosen != self.avoid:
             self.avoid = chosen
