@@ -52,6 +52,30 @@ again (shmvec._worker): the first placement is timed twice before a move, and th
 starts ``START`` steps in, after the workers are spread out (forked, two of them may share a core
 until the scheduler moves one).  A step costs one clock read and an append here.
 
+Cores other processes take
+--------------------------
+A process that starts spinning after the vec env (a second job, an evaluation) takes a core a
+worker runs on; a synchronous step waits for its last worker, and that one gets its core a
+scheduler slice at a time (docs/design.md, "Placement": the step then took many times longer than
+``DummyVecEnv``'s).  The engine's worker
+count is fixed (each worker holds its envs), but where they run is not.  While a choice is held,
+every ``CHECK_S`` the placement reads the cores' load (:func:`shmvec._machine.read_load`, from
+``/proc``): their busy ticks less those of this process (every thread) and of its vec envs'
+workers, i.e. the cores' worth other processes took, and how long each worker waited on a run
+queue, with the CPU it last ran on.  Where others took ``FOREIGN`` of a core or more beyond the
+cores left out, and a worker waited ``WAITING`` of the time or more, a trial of the cores to
+leave out starts: the cores as they are are timed, then each set that leaves one more out (the
+CPUs the workers waited on most first, ``LEAVE_TRIES`` at most), each over ``WINDOW`` steps and
+``LEAVE_WINDOW_S`` at least (a worker beside another process gets the core a slice at a time, and
+a few steps may all fall in one), one far slower abandoned as in the trials above; the fastest is
+kept if it wins by ``MARGIN``.  The next such trial comes ``LEAVE_HOLD_S`` later, doubled while
+trials keep the cores (to ``LEAVE_MAX_HOLD_S``), or at the next reading after the loop changed.
+Once others take ``FOREIGN`` of a core less than the cores left out, every core is used again
+and a trial of the two placements follows.  Spread and packed then mean every core not left out
+(packed, with only the parent's core left, is spread: the parent sleeps there).  Which workers
+wait, and where, is a hint (a worker moves between cores, and waits for the parent and the other
+workers too), hence a trial, not a rule; the load of other processes is the trigger.
+
 When it is on
 -------------
 Only where a worker must share the parent's core and the user left placement to shmvec: at least
@@ -67,7 +91,8 @@ Setting a worker's affinity can fail (the worker died: the engine finds it at it
 container changed the cores): the placement then stops trying, puts back every worker it still can
 to all the cores, and says why in ``describe()``; the step goes on.  A restarted worker starts
 with the parent's affinity (spread); the next switch places it with the others.  A forked child's
-engine never posts, so it never places the parent's workers.
+engine never posts, so it never places the parent's workers.  Where ``/proc`` cannot be read, the
+load is not read and no core is left out.
 """
 
 from __future__ import annotations
