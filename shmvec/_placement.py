@@ -361,7 +361,7 @@ class Placement:
         own = sum(ticks - last.own.get(pid, 0) for pid, ticks in now.own.items())
         foreign = (now.busy - last.busy - own) / TICKS_PER_S / span
         if self.avoid and foreign <= len(self.avoid) - FOREIGN:
-            self.avoid, self.avoids = frozenset(), self.avoids + 1
+            self.avoid, self.avoids, self.leave_hold = frozenset(), self.avoids + 1, 0.0
             self._apply(self.packed, switch=False)
             return True
         if foreign < len(self.avoid) + FOREIGN or self.clock() - self.left_at < self.leave_hold:
@@ -398,8 +398,8 @@ class Placement:
 
     def _keep_cores(self) -> None:
         """The end of a trial of the cores left out: the fastest set, if it wins by ``MARGIN``
-        over the cores as they were; then held.  A trial that keeps them doubles the steps
-        before the next one (from ``HOLD``, up to ``MAX_HOLD``)."""
+        over the cores as they were; then held.  The next such trial comes ``LEAVE_HOLD_S``
+        later, doubled while trials keep the cores (up to ``LEAVE_MAX_HOLD_S``)."""
         first, before = next(iter(self.left_out.items()))
         best = min(self.left_out, key=self.left_out.__getitem__)
         chosen = best if self.left_out[best] < before * (1.0 - MARGIN) else first
@@ -467,7 +467,7 @@ class Placement:
                    f"as soon as the loop's period changes by {CHANGE}x")
         if self.avoid:
             why += (f"; cores {sorted(self.avoid)} left out: other processes took them and workers waited for "
-                    f"them (every core again once others take under {FOREIGN / 2} of one)")
+                    f"them (every core again once others take {FOREIGN} of a core less)")
         return {"value": PACKED if self.packed else SPREAD, "why": why, "trials": self.trials,
                 "switches": self.switches, "changes": self.changes, "repairs": self.repairs,
                 "cores_left_out": sorted(self.avoid)}
