@@ -219,7 +219,12 @@ def test_no_dump_signal_goes_to_a_worker_whose_env_took_it_over():
 
 
 def test_catches_reads_the_signal_handlers_of_a_process():
-    assert _crash.catches(os.getpid(), signal.SIGINT)  # Python's own handler
+    # Python's own handler (installed again: a suite started in the background inherits SIGINT ignored)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert _crash.catches(os.getpid(), signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
     old = signal.signal(signal.SIGUSR2, signal.SIG_DFL)
     try:
         assert not _crash.catches(os.getpid(), signal.SIGUSR2)
