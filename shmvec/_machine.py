@@ -55,8 +55,8 @@ import numpy as np
 from shmvec import _mainload
 from shmvec._errors import user_stacklevel
 
-__all__ = ["CpuBudget", "cpu_budget", "usable_cores", "cores_taken", "note_workers", "Load", "read_load", "TICKS_PER_S", "default_start_method",
-           "cpu_sets", "set_forkserver_preload", "start_forkserver"]
+__all__ = ["CpuBudget", "cpu_budget", "usable_cores", "cores_taken", "note_workers", "Load", "read_load", "TICKS_PER_S",
+           "default_start_method", "cpu_sets", "set_forkserver_preload", "start_forkserver"]
 
 _CPU_DIR = "sys/devices/system/cpu"
 
@@ -266,14 +266,14 @@ def read_load(cpus: Iterable[int], workers: Iterable[int], root: str = "/") -> L
         return None
     own: dict[int, int] = {}
     waits: dict[int, tuple[int, int]] = {}
+    workers = set(workers)
     for pid in {os.getpid(), *_OWN_WORKERS, *workers}:
         fields = _stat_fields(root, pid)
-        if fields is not None:
-            own[pid] = int(fields[11]) + int(fields[12])  # utime + stime
-    for pid in workers:
-        fields = _stat_fields(root, pid)
-        sched = _read(os.path.join(root, f"proc/{pid}/schedstat"))
-        if fields is not None and sched is not None:
+        if fields is None:
+            continue
+        own[pid] = int(fields[11]) + int(fields[12])  # utime + stime
+        sched = _read(os.path.join(root, f"proc/{pid}/schedstat")) if pid in workers else None
+        if sched is not None:
             try:
                 waits[pid] = (int(sched.split()[1]), int(fields[36]))  # run_delay, processor
             except (ValueError, IndexError):
