@@ -427,10 +427,10 @@ def _state(pid: int) -> str:
 def test_remote_helper_stops_its_backends_processes_between_requests():
     """A backend's workers that busy-wait after their chunk (PufferLib's, for half a second) would
     take a core from the backend measured next: stopped until the next request, then resumed."""
-    with RemoteBackend(sys.executable, "SubprocVecEnv", B.BuildSpec("CartPole-v1", 2, 2)) as r:
+    with RemoteBackend(sys.executable, "AsyncVectorEnv", B.BuildSpec("CartPole-v1", 2, 2)) as r:
         assert r.chunk(0.05) > 0
         workers = remote_children(r.proc.pid)
-        assert len(workers) == 2 and all(_state(pid) == "T" for pid in workers), [_state(p) for p in workers]
+        assert len(workers) >= 2 and all(_state(pid) == "T" for pid in workers), [_state(p) for p in workers]
         assert r.chunk(0.05) > 0  # resumed for the request (it would hang otherwise)
         assert all(_state(pid) == "T" for pid in workers)
     assert r.proc.returncode == 0
