@@ -83,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
                 break
             else:
                 answer = {"error": f"unknown command {cmd!r}"}
+            # Stopped until the next request: PufferLib's workers busy-wait for half a second after
+            # their last step, on the cores the backend measured next needs.
             paused = children()
-            _signal(paused, signal.SIGSTOP)  # (see PAUSE_CHILDREN)
+            _signal(paused, signal.SIGSTOP)
             _answer(answer)
         return 0
     finally:
@@ -92,15 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         handle.close()
 
 
-#: Between two requests the helper stops its backend's processes (SIGSTOP) and resumes them
-#: (SIGCONT) as the next one comes: PufferLib's workers busy-wait for half a second after their
-#: last step, on the cores the backend measured next needs.
-PAUSE_CHILDREN = True
-
-
 def children(pid: int | None = None) -> list[int]:
     """The processes ``pid`` (this one) started (its backend's workers), from ``/proc``."""
-    if not PAUSE_CHILDREN or not os.path.isdir("/proc"):
+    if not os.path.isdir("/proc"):
         return []
     me, out = str(os.getpid() if pid is None else pid), []
     for entry in os.listdir("/proc"):
