@@ -17,11 +17,17 @@ import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 
 import psutil
 import pytest
+
+# Test modules that import another directory's test helpers (test_ray.py takes test_equivalence's
+# lockstep): those directories on the path, so that any test file also runs alone.
+for _sub in ("frontends", "integration"):
+    sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), _sub))
 
 # Import the heavy libraries once, before any test takes a snapshot, so that
 # descriptors they open lazily on first import are not taken for leaks.

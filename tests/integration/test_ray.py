@@ -58,7 +58,9 @@ LEAK_GRACE_S = 15.0
 @pytest.fixture(scope="module")
 def cluster():
     """A head node and one more node, 2 logical CPUs each; torn down after the module."""
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    # A node removed by a test is found dead after a few missed health checks, not Ray's default 15 s.
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False, "_system_config": {
+        "health_check_period_ms": 1000, "health_check_timeout_ms": 2000, "health_check_failure_threshold": 3}})
     try:
         c.add_node(num_cpus=2)
         c.wait_for_nodes()
