@@ -128,17 +128,26 @@ def __getattr__(name: str) -> Any:
 
 
 def rebuild(description: Mapping[str, Any], cls: Any = None, **overrides: Any) -> Any:
-    """The vec env ``describe()`` described, a :class:`ShmVecEnv` unless ``cls`` is given
-    (``overrides`` replace constructor options).
+    """The vec env ``describe()`` described, of the class that described it (a :class:`ShmVecEnv`
+    or a :class:`ShmVectorEnv`) unless ``cls`` is given (``overrides`` replace constructor options).
 
-    ``shmvec.rebuild(json.load(f))`` is ``ShmVecEnv.from_description(json.load(f))``.  Defined
-    here, above the front-ends, so that :func:`shmvec._describe.rebuild` (which takes the class
-    to build) need not know them.
+    ``shmvec.rebuild(json.load(f))`` is ``ShmVecEnv.from_description(json.load(f))`` for a
+    ``ShmVecEnv``'s description.  Defined here, above the front-ends, so that
+    :func:`shmvec._describe.rebuild` (which takes the class to build) need not know them.
 
-    :raises DescriptionError: ``description`` is not a ShmVecEnv description.
+    :raises DescriptionError: ``description`` is not a description of ours, or a ``RayShmVecEnv``'s
+        (``RayShmVecEnv.from_description`` builds it, on a Ray cluster).
     """
     from shmvec import _describe
+    from shmvec.factories import DescriptionError
 
+    maker = description.get("vec_env") if isinstance(description, Mapping) else None
     if cls is None:
-        from shmvec.shm_vec_env import ShmVecEnv as cls
-    return _describe.rebuild(description, cls, **overrides)
+        if maker == "shmvec.ShmVectorEnv":
+            from shmvec.shm_vector_env import ShmVectorEnv as cls
+        elif maker is not None:
+            raise DescriptionError(
+                f"a description of a {maker}: rebuild it with {maker}.from_description(description)")
+        else:
+            from shmvec.shm_vec_env import ShmVecEnv as cls
+    return _describe.rebuild(description, cls, maker, **overrides)

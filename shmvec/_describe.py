@@ -51,10 +51,11 @@ def describe_env_fns(env_fns: Sequence[Any]) -> list[dict[str, Any] | Descriptio
 
 def describe_vec_env(descriptions: Sequence[dict[str, Any] | Exception], config: Mapping[str, Any], *, n_envs: int,
                      n_workers: int, start_method: str, seed: Any, options: Any,
-                     decided: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                     decided: Mapping[str, Any] | None = None, vec_env: str | None = None) -> dict[str, Any]:
     """The body of ``ShmVecEnv.describe()``: factories (run-length encoded), options, seeds, and
     ``decided``: what the defaults resolved to on this machine, and why (read by people; a
-    rebuild resolves its defaults again where it runs)."""
+    rebuild resolves its defaults again where it runs).  ``vec_env``: the class that describes,
+    for the faces other than ``ShmVecEnv`` (whose descriptions have none)."""
     factories = []
     for i, d in enumerate(descriptions):
         if isinstance(d, Exception):
@@ -64,7 +65,7 @@ def describe_vec_env(descriptions: Sequence[dict[str, Any] | Exception], config:
     for name, value in config.items():
         value = plain_option(name, value)  # as the option's declaration writes it (shmvec._options.OPTIONS)
         plain_options[name] = jsonable(list(value) if isinstance(value, tuple) else value, f"option {name}")
-    return {
+    out = {
         "shmvec_description": DESCRIPTION_VERSION,
         "n_envs": n_envs,
         "env_fns": run_length(factories),
@@ -75,11 +76,16 @@ def describe_vec_env(descriptions: Sequence[dict[str, Any] | Exception], config:
         "reset_options": jsonable(options, "set_options()"),
         "decided": jsonable(dict(decided or {}), "decided"),
     }
+    if vec_env is not None:
+        out["vec_env"] = vec_env
+    return out
 
 
-def rebuild(description: Mapping[str, Any], cls: Callable[..., Any], **overrides: Any) -> Any:
+def rebuild(description: Mapping[str, Any], cls: Callable[..., Any], maker: str | None = None, /,
+            **overrides: Any) -> Any:
     """The vec env ``describe()`` described, built as ``cls(env_fns, **options)`` (``overrides``
     replace constructor options); seeds and reset options are set for its first ``reset()``.
+    ``maker``: the ``"vec_env"`` the description must name (None: a ``ShmVecEnv``'s, which names none).
 
     ``cls`` is the front-end to build: ``ShmVecEnv.from_description(d)`` passes ``ShmVecEnv``,
     and ``shmvec.rebuild(d)`` does too (it is defined in the package, above the front-ends).
@@ -92,6 +98,10 @@ def rebuild(description: Mapping[str, Any], cls: Callable[..., Any], **overrides
         raise DescriptionError(
             f"description version {description['shmvec_description']} is not {DESCRIPTION_VERSION}, the one this "
             "shmvec reads")
+    if description.get("vec_env") != maker:
+        raise DescriptionError(
+            f"this description was made by {description.get('vec_env') or 'shmvec.ShmVecEnv'}.describe(), not by "
+            f"{maker or 'shmvec.ShmVecEnv'}.describe(): rebuild it with shmvec.rebuild(description)")
     env_fns: list[Callable] = []
     for run in description["env_fns"]:
         fn = factory_from_description(run["factory"])

@@ -20,18 +20,21 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
 from shmvec import _protocol as P
 from shmvec._copyguard import Uncopyable
+from shmvec._describe import describe_vec_env, rebuild
 from shmvec._engine import Engine
 from shmvec._errors import AlreadyPendingCallError, NoAsyncCallError, ShmVecEnvError
 from shmvec._frontend import ENGINE_OPTIONS, env_render_mode, gym_engine, refuse_unknown_keywords, usable_engine
 from shmvec._seeds import gym_vector_seeds, per_env_values
 from shmvec._state import IDLE, serialized
-from shmvec.factories import factory_list, main_refs, provide_main
+from shmvec.factories import DescriptionError, factory_list, main_refs, provide_main
 
 _WORKER_MODE = {
     AutoresetMode.NEXT_STEP: P.AUTORESET_NEXT_STEP,
     AutoresetMode.SAME_STEP: P.AUTORESET_SAME_STEP,
     AutoresetMode.DISABLED: P.AUTORESET_DISABLED,
 }
+# The "vec_env" of ShmVectorEnv's descriptions (a ShmVecEnv's has none; RayShmVecEnv's has its own).
+DESCRIBED_AS = "shmvec.ShmVectorEnv"
 # What AsyncVectorEnv's worker refuses to run through call(): they have methods of their own.
 _NOT_BY_CALL = ("reset", "step", "close")
 
@@ -461,6 +464,27 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
     @property
     def n_workers(self) -> int:
         return usable_engine(self).n_workers
+
+    # ---- as plain data -----------------------------------------------------------------------------------
+    @serialized
+    def describe(self) -> dict[str, Any]:
+        """This vector env as plain data, as ``ShmVecEnv.describe`` (docs/multiprocessing.md), with
+        the face's options and no seed (it goes to ``reset``); :raises DescriptionError: as there."""
+        engine = usable_engine(self)
+        if not isinstance(self.observation_mode, str):
+            raise DescriptionError("option observation_mode is a pair of spaces, not plain data: pass them again to "
+                                   "the rebuilt one, ShmVectorEnv.from_description(d, observation_mode=(...))")
+        options = {**engine.options.given, "autoreset_mode": self.autoreset_mode.value,
+                   "observation_mode": self.observation_mode, "max_concurrency": self.max_concurrency}
+        return describe_vec_env(engine.descriptions, options, n_envs=self.num_envs, n_workers=engine.n_workers,
+                                start_method=engine.options.start_method, seed=None, options=None,
+                                decided=engine.explain(), vec_env=DESCRIBED_AS)
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any], **overrides: Any) -> ShmVectorEnv:
+        """The vector env :meth:`describe` described (``overrides`` replace options); :raises
+        DescriptionError: not a ShmVectorEnv's description (``shmvec.rebuild(d)`` builds any)."""
+        return rebuild(description, cls, DESCRIBED_AS, **overrides)
 
     # ---- the end -----------------------------------------------------------------------------------------
     def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:

@@ -51,6 +51,9 @@ from shmvec.ray.group import ActorGroup, GroupState
 
 __all__ = ["RayShmVecEnv"]
 
+# The "vec_env" of its descriptions: from_description takes no other, shmvec.rebuild names this class.
+DESCRIBED_AS = "shmvec.ray.RayShmVecEnv"
+
 
 class RayShmVecEnv(Uncopyable, VecEnv):
     """A vectorized environment spread over Ray actors, each running a local ShmVecEnv.
@@ -219,8 +222,8 @@ class RayShmVecEnv(Uncopyable, VecEnv):
         description = describe_vec_env(
             self._descriptions, self._config, n_envs=self.num_envs,
             n_workers=sum(info.get("n_workers", 0) for info in self.actor_info),
-            start_method=shm.get("start_method", "forkserver"), seed=self._seed_arg, options=self._options_arg)
-        description["vec_env"] = "shmvec.ray.RayShmVecEnv"
+            start_method=shm.get("start_method", "forkserver"), seed=self._seed_arg, options=self._options_arg,
+            vec_env=DESCRIBED_AS)
         return description
 
     @classmethod
@@ -233,7 +236,7 @@ class RayShmVecEnv(Uncopyable, VecEnv):
 
         :raises DescriptionError: the description is not one of ours.
         """
-        return rebuild(description, cls, **overrides)
+        return rebuild(description, cls, DESCRIBED_AS, **overrides)
 
     def reset(self) -> VecEnvObs:
         """Resets every env with the seeds from ``seed()`` and options from ``set_options()`` (used once).

@@ -8,6 +8,7 @@ truncated and infos (dict of arrays, ``_key`` masks, ``final_obs``/``final_info`
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -22,7 +23,8 @@ from gymnasium.wrappers import vector as vw
 
 import testenvs
 from helpers import REPO_ROOT, assert_same, close_all, pythonpath, SB3
-from shmvec import ShmVecEnvError, ShmVectorEnv, make_vec
+import shmvec
+from shmvec import DescriptionError, ShmVecEnvError, ShmVectorEnv, make_env, make_vec
 from shmvec._errors import AlreadyPendingCallError, ClosedVecEnvError
 
 N_STEPS = 80
@@ -201,6 +203,61 @@ def test_step_goes_through_a_replaced_step_async_or_step_wait():
         plain.step(actions)
     finally:
         close_all(sub, plain, ref)
+
+
+def _seeded_rollout(env, n_steps: int = 40) -> list:
+    out = [env.reset(seed=5)]
+    rng = np.random.default_rng(1)
+    for _ in range(n_steps):
+        out.append(env.step(rng.integers(0, 2, size=env.num_envs)))
+    return out
+
+
+def test_describe_rebuilds_the_same_vector_env_and_says_what_was_decided():
+    """describe() is plain data (a JSON round trip) with the face's own options and what the
+    defaults became; from_description and shmvec.rebuild build a ShmVectorEnv stepping as the first."""
+    env = ShmVectorEnv([make_env("CartPole-v1")] * 3, autoreset_mode="SameStep", n_workers=2, start_method="fork")
+    try:
+        description = json.loads(json.dumps(env.describe()))
+        want = _seeded_rollout(env)
+    finally:
+        env.close()
+    assert description["vec_env"] == "shmvec.ShmVectorEnv" and description["n_envs"] == 3
+    options = description["options"]
+    assert options["autoreset_mode"] == "SameStep" and options["observation_mode"] == "same"
+    assert options["n_workers"] == 2 and options["start_method"] == "fork" and options["max_concurrency"] is None
+    assert description["decided"]["n_workers"]["value"] == 2 and "why" in description["decided"]["placement"]
+    assert description["seed"] is None and description["reset_options"] is None
+    for rebuilt in (ShmVectorEnv.from_description(description, start_method="spawn"), shmvec.rebuild(description)):
+        try:
+            assert type(rebuilt) is ShmVectorEnv and rebuilt.autoreset_mode == AutoresetMode.SAME_STEP
+            assert rebuilt.n_workers == 2
+            assert_same_vec(tuple(_seeded_rollout(rebuilt)), tuple(want))
+        finally:
+            rebuilt.close()
+
+
+def test_describe_names_what_is_not_plain_data_and_rebuild_names_the_class_to_use():
+    env = ShmVectorEnv([lambda: gym.make("CartPole-v1")] * 2, n_workers=1, start_method="fork")
+    try:
+        with pytest.raises(DescriptionError, match=r"env_fns\[0\] cannot be described"):
+            env.describe()
+    finally:
+        env.close()
+    with pytest.raises(ClosedVecEnvError):
+        env.describe()
+    single = gym.make("CartPole-v1").observation_space
+    env = ShmVectorEnv([make_env("CartPole-v1")] * 2, n_workers=1, start_method="fork",
+                       observation_mode=(gym.vector.utils.batch_space(single, 2), single))
+    try:
+        with pytest.raises(DescriptionError, match="observation_mode is a pair of spaces"):
+            env.describe()
+    finally:
+        env.close()
+    with pytest.raises(DescriptionError, match=r"made by shmvec.ShmVecEnv.describe\(\), not by shmvec.ShmVectorEnv"):
+        ShmVectorEnv.from_description({"shmvec_description": 1, "n_envs": 0, "env_fns": []})
+    with pytest.raises(DescriptionError, match=r"shmvec.ray.RayShmVecEnv.from_description\(description\)"):
+        shmvec.rebuild({"shmvec_description": 1, "vec_env": "shmvec.ray.RayShmVecEnv", "n_envs": 0, "env_fns": []})
 
 
 @pytest.mark.parametrize("mask, exc", [
