@@ -47,7 +47,7 @@ import re
 import threading
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -242,6 +242,7 @@ class Load:
     busy: int  # busy clock ticks of the CPUs read (user, nice, system, irq, softirq), since boot
     own: dict[int, int]  # clock ticks each process of ours ran (this one, all its threads; its workers)
     waits: dict[int, tuple[int, int]]  # a worker's pid -> (ns it waited on a run queue, the CPU it last ran on)
+    cpus: dict[int, int] = field(default_factory=dict)  # busy ticks of each CPU read (``busy`` is their sum)
 
 
 #: /proc's clock ticks per second (``busy`` and ``own`` of :class:`Load`).
@@ -253,17 +254,18 @@ def read_load(cpus: Iterable[int], workers: Iterable[int], root: str = "/") -> L
     of every worker of its vec envs (:func:`note_workers`, ``/proc/<pid>/stat``), and for each of
     ``workers`` the time it waited for a core (``/proc/<pid>/schedstat``) and its last CPU.  None
     where ``/proc`` cannot be read.  A process that is gone is left out."""
-    wanted = {f"cpu{c}" for c in cpus}
+    wanted = {f"cpu{c}": c for c in cpus}
+    per_cpu: dict[int, int] = {}
     try:
-        busy = 0
         with open(os.path.join(root, "proc/stat")) as f:
             for line in f:
                 name, _, rest = line.partition(" ")
                 if name in wanted:
                     v = rest.split()
-                    busy += int(v[0]) + int(v[1]) + int(v[2]) + int(v[5]) + int(v[6])
+                    per_cpu[wanted[name]] = int(v[0]) + int(v[1]) + int(v[2]) + int(v[5]) + int(v[6])
     except (OSError, ValueError, IndexError):
         return None
+    busy = sum(per_cpu.values())
     own: dict[int, int] = {}
     waits: dict[int, tuple[int, int]] = {}
     workers = set(workers)
@@ -278,7 +280,7 @@ def read_load(cpus: Iterable[int], workers: Iterable[int], root: str = "/") -> L
                 waits[pid] = (int(sched.split()[1]), int(fields[36]))  # run_delay, processor
             except (ValueError, IndexError):
                 continue
-    return Load(busy, own, waits)
+    return Load(busy, own, waits, per_cpu)
 
 
 def _stat_fields(root: str, pid: int) -> list[str] | None:

@@ -71,8 +71,11 @@ a few steps may all fall in one), one far slower abandoned as in the trials abov
 kept if it wins by ``MARGIN``.  The next such trial comes ``LEAVE_HOLD_S`` later, doubled while
 trials keep the cores (to ``LEAVE_MAX_HOLD_S``), or at the next reading after the loop changed.
 Once others take ``FOREIGN`` of a core less than the cores left out, every core is used again
-and a trial of the two placements follows.  Spread and packed then mean every core not left out
-(packed, with only the parent's core left, is spread: the parent sleeps there).  Which workers
+and a trial of the two placements follows; so is a core left out that is busy less than
+``1 - FOREIGN`` of the time (the other process moved, as an unpinned one does, maybe onto a core
+the workers use: the next readings find it there).  Spread and packed then mean every core not
+left out (packed, with only the parent's core left or the parent on a core left out, is spread:
+the parent sleeps there, and never spins beside the other process).  Which workers
 wait, and where, is a hint (a worker moves between cores, and waits for the parent and the other
 workers too), hence a trial, not a rule; the load of other processes is the trigger.
 
@@ -360,8 +363,14 @@ class Placement:
             return False
         own = sum(ticks - last.own.get(pid, 0) for pid, ticks in now.own.items())
         foreign = (now.busy - last.busy - own) / TICKS_PER_S / span
+        # A core left out that is no longer busy (the other process moved, as an unpinned one
+        # does): used again; all of them once others take less than the cores left out.
+        freed = frozenset(cpu for cpu in self.avoid if cpu in now.cpus and cpu in last.cpus
+                          and (now.cpus[cpu] - last.cpus[cpu]) / TICKS_PER_S / span < 1.0 - FOREIGN)
         if self.avoid and foreign <= len(self.avoid) - FOREIGN:
-            self.avoid, self.avoids, self.leave_hold = frozenset(), self.avoids + 1, 0.0
+            freed = self.avoid
+        if freed:
+            self.avoid, self.avoids, self.leave_hold = self.avoid - freed, self.avoids + 1, 0.0
             self._apply(self.packed, switch=False)
             return True
         if foreign < len(self.avoid) + FOREIGN or self.clock() - self.left_at < self.leave_hold:
@@ -421,8 +430,11 @@ class Placement:
         spin = self.spread_spin_s
         try:
             if packed:
-                others = cores - {current_cpu()}
-                if others:  # (else the parent is on the one core left: it sleeps there, as spread)
+                here = current_cpu()
+                others = cores - {here}
+                # (Else the parent is on the one core left, or on a core left out, beside the other
+                # process: it sleeps there, as spread.)
+                if others and here not in self.avoid:
                     spin = PACKED_SPIN_S
                 for pid in self.pids():
                     os.sched_setaffinity(pid, others or cores)

@@ -263,7 +263,7 @@ def test_read_load_parses_proc(tmp_path):
         (proc / str(pid) / "stat").write_text(line)
     (proc / str(worker) / "schedstat").write_text("123456 789000 42\n")
     load = M.read_load([0, 1], [worker, gone], root=str(tmp_path))
-    assert load is not None and load.busy == 20 + 25
+    assert load is not None and load.busy == 20 + 25 and load.cpus == {0: 20, 1: 25}
     assert load.own == {me: 57, worker: 32}  # a process that is gone is left out
     assert load.waits == {worker: (789000, 0)}
     assert M.read_load([0], [], root=str(tmp_path / "nowhere")) is None

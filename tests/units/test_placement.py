@@ -67,6 +67,8 @@ class Readings:
         self.waits = [0] * len(pids)
         self.at = clock()
         self.readings = 0
+        self.per_cpu: dict[int, float] = {}  # each CPU's busy share (none given: not read)
+        self.cpu_ticks = {cpu: 0 for cpu in CORES}
 
     def __call__(self, cores: frozenset[int], pids: list[int]) -> Load:
         span, self.at = self.clock() - self.at, self.clock()
@@ -75,15 +77,19 @@ class Readings:
         self.busy += round((1.0 + self.foreign) * span * TICKS_PER_S)
         for i, share in enumerate(self.waited):
             self.waits[i] += round(share * span * 1e9)
+        for cpu, share in self.per_cpu.items():
+            self.cpu_ticks[cpu] += round(share * span * TICKS_PER_S)
         return Load(self.busy, {os.getpid(): self.own},
-                    {pid: (self.waits[i], self.cpus[i]) for i, pid in enumerate(self.pids)})
+                    {pid: (self.waits[i], self.cpus[i]) for i, pid in enumerate(self.pids)},
+                    {cpu: self.cpu_ticks[cpu] for cpu in self.per_cpu})
 
 
 def placed(sleepers, spins=None) -> tuple[PL.Placement, Readings]:
     clock = Clock()
     pids = [p.pid for p in sleepers]
     readings = Readings(clock, pids, [min(CORES), max(CORES)])
-    return PL.Placement(lambda: pids, CORES, (spins or []).append, 0.0, clock=clock, load=readings), readings
+    return PL.Placement(lambda: pids, CORES, (spins if spins is not None else []).append, 0.0, clock=clock,
+                        load=readings), readings
 
 
 def end_hold(placement: PL.Placement) -> None:
@@ -369,6 +375,45 @@ def test_a_far_slower_set_of_cores_is_abandoned_within_steps(sleepers):
     # times that, the last timed: not the SETTLE + WINDOW steps of 20 ms the far slower would take.
     steps = PL.SETTLE + PL.WINDOW
     assert pl.clock() - start < 3 * PL.LEAVE_WINDOW_S + steps * 0.001 * (1 + PL.ABANDON) + 0.05 < steps * 0.02
+
+
+def test_a_core_left_out_that_the_other_process_left_is_used_again_and_the_one_it_took_left_out(sleepers):
+    """An unpinned process moves: from HOG, onto the core the workers were left on.  The core it
+    left is no longer busy: used again; the workers then wait on the other, which is left out."""
+    pl, readings = placed(sleepers)
+    other = min(CORES)
+    readings.foreign, readings.waited = 1.0, [0.05, 0.9]
+    readings.per_cpu = {other: 0.6, HOG: 1.0}
+    until(pl, lambda p: p.phase == "hold" and p.avoid, hogged)
+    assert pl.avoid == {HOG} and pl.avoids == 1
+    drive(pl, 2000, period=hogged)  # still there: held
+    assert pl.avoid == {HOG} and pl.avoids == 1
+    # It moved: as much taken (foreign), but HOG is nearly idle and the workers wait on the other core.
+    readings.waited, readings.per_cpu = [0.9, 0.05], {other: 1.0, HOG: 0.2}
+    until(pl, lambda p: not p.avoid, lambda p: 0.004)
+    assert pl.avoids == 2
+    until(pl, lambda p: p.phase == "hold" and p.avoid, lambda p: 0.004 if other not in p.avoid else 0.0002)
+    assert pl.avoid == {other} and pl.avoids == 3, pl.as_dict()
+    for p in sleepers:
+        assert os.sched_getaffinity(p.pid) == CORES - {other}
+
+
+def test_packed_never_has_the_parent_spin_on_a_core_left_out(sleepers):
+    """The parent on a core another process takes: packing the workers off it would leave the
+    parent spinning beside that process; it sleeps, as spread."""
+    spins: list[float] = []
+    pl, _ = placed(sleepers, spins)
+    here = min(CORES)
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {here})  # the parent stays on one core for the test
+    try:
+        pl.avoid = frozenset({here})
+        pl._apply(True)
+        assert spins[-1] == 0.0 and pl.packed
+        for p in sleepers:
+            assert os.sched_getaffinity(p.pid) == CORES - {here}
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def test_real_workers_leave_a_core_another_process_takes_and_come_back_once_it_is_free():
