@@ -241,7 +241,7 @@ class Load:
 
     busy: int  # busy clock ticks of the CPUs read (user, nice, system, irq, softirq), since boot
     own: dict[int, int]  # clock ticks each process of ours ran (this one, all its threads; its workers)
-    waits: dict[int, tuple[int, int]]  # a worker's pid -> (ns it waited on a run queue, the CPU it last ran on)
+    waits: dict[int, tuple[int, int, int]]  # a worker's pid -> (ns it waited on a run queue, its last CPU, ns it ran)
     cpus: dict[int, int] = field(default_factory=dict)  # busy ticks of each CPU read (``busy`` is their sum)
 
 
@@ -252,7 +252,8 @@ TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 def read_load(cpus: Iterable[int], workers: Iterable[int], root: str = "/") -> Load | None:
     """What runs on ``cpus`` now: their busy ticks (``/proc/stat``), the ticks of this process and
     of every worker of its vec envs (:func:`note_workers`, ``/proc/<pid>/stat``), and for each of
-    ``workers`` the time it waited for a core (``/proc/<pid>/schedstat``) and its last CPU.  None
+    ``workers`` the time it waited for a core and the time it ran (``/proc/<pid>/schedstat``) and its
+    last CPU.  None
     where ``/proc`` cannot be read.  A process that is gone is left out."""
     wanted = {f"cpu{c}": c for c in cpus}
     per_cpu: dict[int, int] = {}
@@ -277,7 +278,8 @@ def read_load(cpus: Iterable[int], workers: Iterable[int], root: str = "/") -> L
         sched = _read(os.path.join(root, f"proc/{pid}/schedstat")) if pid in workers else None
         if sched is not None:
             try:
-                waits[pid] = (int(sched.split()[1]), int(fields[36]))  # run_delay, processor
+                ran, delay = sched.split()[:2]
+                waits[pid] = (int(delay), int(fields[36]), int(ran))  # run_delay, processor, sum_exec_runtime
             except (ValueError, IndexError):
                 continue
     return Load(busy, own, waits, per_cpu)

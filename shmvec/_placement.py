@@ -63,7 +63,8 @@ every ``CHECK_S`` the placement reads the cores' load (:func:`shmvec._machine.re
 ``/proc``): their busy ticks less those of this process (every thread) and of its vec envs'
 workers, i.e. the cores' worth other processes took, and how long each worker waited on a run
 queue, with the CPU it last ran on.  Where others took ``FOREIGN`` of a core or more beyond the
-cores left out, and a worker waited ``WAITING`` of the time or more, a trial of the cores to
+cores left out, and a worker waited ``WAITING`` of the time it wanted a core or more (not of the
+time since the last reading: the loop may have paused), a trial of the cores to
 leave out starts: the cores as they are are timed, then each set that leaves one more out (the
 CPUs the workers waited on most first, ``LEAVE_TRIES`` at most), each over ``WINDOW`` steps and
 ``LEAVE_WINDOW_S`` at least (a worker beside another process gets the core a slice at a time, and
@@ -152,7 +153,8 @@ CHECK_S = 0.25
 #: Other processes ran this many cores' worth or more since the last reading: the cores where a
 #: worker waited are left out; under half of it, every core is used again.
 FOREIGN = 0.5
-#: A worker waited on a run queue this share of the time or more: its core is taken.
+#: A worker waited on a run queue this share of the time it wanted a core (ran or waited) or
+#: more: its core is taken.
 WAITING = 0.2
 #: A trial of the cores to leave out times the cores as they are and at most this many other sets;
 #: one is abandoned once its steps take ABANDON times the first set's (beyond LEAVE_WINDOW_S).
@@ -375,11 +377,16 @@ class Placement:
             return True
         if foreign < len(self.avoid) + FOREIGN or self.clock() - self.left_at < self.leave_hold:
             return False
-        waited = {cpu: 0 for cpu in self.cores - self.avoid}  # ns its workers waited, by CPU they last ran on
-        for pid, (ns, cpu) in now.waits.items():
+        # The ns its workers waited, and waited or ran, by CPU they last ran on: the share of the
+        # time they wanted a core that they waited (not of the span, which holds the loop's pauses).
+        waited = {cpu: 0 for cpu in self.cores - self.avoid}
+        wanted = dict.fromkeys(waited, 0)
+        for pid, (ns, cpu, ran) in now.waits.items():
             if pid in last.waits and cpu in waited:
-                waited[cpu] += ns - last.waits[pid][0]
-        if len(waited) < 2 or max(waited.values()) / 1e9 / span < WAITING:
+                before = last.waits[pid]
+                waited[cpu] += ns - before[0]
+                wanted[cpu] += ns - before[0] + ran - before[2]
+        if len(waited) < 2 or max((waited[c] / wanted[c] for c in waited if wanted[c] > 0), default=0.0) < WAITING:
             return False  # (a worker moves between cores: its last CPU is a hint, each core may be tried)
         ordered = sorted(waited, key=lambda cpu: (-waited[cpu], cpu))
         self.timing, self.left_out = False, {}

@@ -265,7 +265,7 @@ def test_read_load_parses_proc(tmp_path):
     load = M.read_load([0, 1], [worker, gone], root=str(tmp_path))
     assert load is not None and load.busy == 20 + 25 and load.cpus == {0: 20, 1: 25}
     assert load.own == {me: 57, worker: 32}  # a process that is gone is left out
-    assert load.waits == {worker: (789000, 0)}
+    assert load.waits == {worker: (789000, 0, 123456)}
     assert M.read_load([0], [], root=str(tmp_path / "nowhere")) is None
 
 

@@ -65,6 +65,8 @@ class Readings:
         self.foreign, self.waited = 0.0, [0.0] * len(pids)
         self.busy = self.own = 0
         self.waits = [0] * len(pids)
+        self.ran = [0] * len(pids)
+        self.active = 1.0  # the share of the time the workers want a core (the loop pauses the rest)
         self.at = clock()
         self.readings = 0
         self.per_cpu: dict[int, float] = {}  # each CPU's busy share (none given: not read)
@@ -75,12 +77,13 @@ class Readings:
         self.readings += 1
         self.own += round(span * TICKS_PER_S)
         self.busy += round((1.0 + self.foreign) * span * TICKS_PER_S)
-        for i, share in enumerate(self.waited):
-            self.waits[i] += round(share * span * 1e9)
+        for i, share in enumerate(self.waited):  # (a worker waits or runs ``active`` of the span)
+            self.waits[i] += round(share * self.active * span * 1e9)
+            self.ran[i] += round((1.0 - share) * self.active * span * 1e9)
         for cpu, share in self.per_cpu.items():
             self.cpu_ticks[cpu] += round(share * span * TICKS_PER_S)
         return Load(self.busy, {os.getpid(): self.own},
-                    {pid: (self.waits[i], self.cpus[i]) for i, pid in enumerate(self.pids)},
+                    {pid: (self.waits[i], self.cpus[i], self.ran[i]) for i, pid in enumerate(self.pids)},
                     {cpu: self.cpu_ticks[cpu] for cpu in self.per_cpu})
 
 
@@ -342,6 +345,15 @@ def test_a_core_another_process_takes_is_left_out_and_used_again_once_free(sleep
     assert pl.avoids == 2 and pl.phase == "settle"
     for p in sleepers:
         assert os.sched_getaffinity(p.pid) == CORES
+
+
+def test_a_taken_core_is_found_though_the_loop_pauses_between_readings(sleepers):
+    """Workers that step a tenth of the time (the loop pauses, as between a benchmark's rounds or
+    PPO's rollouts) and wait for most of it: the wait is a share of the time they wanted a core."""
+    pl, readings = placed(sleepers)
+    readings.foreign, readings.waited, readings.active = 1.0, [0.05, 0.9], 0.1
+    until(pl, lambda p: p.phase == "hold" and p.avoid, hogged)
+    assert pl.avoid == {HOG}, pl.as_dict()
 
 
 def test_no_trial_of_the_cores_while_no_worker_waits_for_one(sleepers):
