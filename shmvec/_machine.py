@@ -252,9 +252,8 @@ TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 def read_load(cpus: Iterable[int], workers: Iterable[int], root: str = "/") -> Load | None:
     """What runs on ``cpus`` now: their busy ticks (``/proc/stat``), the ticks of this process and
     of every worker of its vec envs (:func:`note_workers`, ``/proc/<pid>/stat``), and for each of
-    ``workers`` the time it waited for a core and the time it ran (``/proc/<pid>/schedstat``) and its
-    last CPU.  None
-    where ``/proc`` cannot be read.  A process that is gone is left out."""
+    ``workers`` the time it waited for a core and the time it ran (``/proc/<pid>/schedstat``) and
+    its last CPU.  None where ``/proc`` cannot be read.  A process that is gone is left out."""
     wanted = {f"cpu{c}": c for c in cpus}
     per_cpu: dict[int, int] = {}
     try:
@@ -268,7 +267,7 @@ def read_load(cpus: Iterable[int], workers: Iterable[int], root: str = "/") -> L
         return None
     busy = sum(per_cpu.values())
     own: dict[int, int] = {}
-    waits: dict[int, tuple[int, int]] = {}
+    waits: dict[int, tuple[int, int, int]] = {}
     workers = set(workers)
     for pid in {os.getpid(), *_OWN_WORKERS, *workers}:
         fields = _stat_fields(root, pid)
