@@ -9,6 +9,14 @@ many extra microseconds of CPU (a stand-in for a costlier simulator than CartPol
     python bench/ppo_wallclock.py                          # n_envs 8, 64, 256
     python bench/ppo_wallclock.py --n-envs 64 --busy-us 50 --subproc
 
+``--face gymnasium`` trains CleanRL's PPO (``ppo.py``'s loop, agent and defaults:
+``num_steps=128``, 4 minibatches, 4 epochs, learning rate 2.5e-4; NEXT_STEP autoreset's reset
+transitions masked out, as ``examples/cleanrl_ppo.py`` does) through ``SyncVectorEnv`` and
+``ShmVectorEnv`` (``--subproc``: ``AsyncVectorEnv`` too), each built by ``gymnasium.make_vec``
+and ``shmvec.make_vec``::
+
+    python bench/ppo_wallclock.py --face gymnasium --n-envs 16 64 --steps 65536 --repeat 2
+
 ``--torch-threads`` sets torch's threads for every run: ``default`` (torch's own count, as a
 training script that does not set it: shmvec's ``parent_threads`` then decides for ShmVecEnv's
 runs, as it would for the user) or a number (``1``: what a tuned script sets for everyone).  Both
@@ -33,8 +41,12 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnvWrapper
 
+import shmvec
 from shmvec import ShmVecEnv
 from shmvec.bench import machine
+
+CLEANRL = {"num_steps": 128, "learning_rate": 2.5e-4, "gamma": 0.99, "gae_lambda": 0.95, "num_minibatches": 4,
+           "update_epochs": 4, "clip_coef": 0.2, "ent_coef": 0.01, "vf_coef": 0.5, "max_grad_norm": 0.5}
 
 
 class BusyStep(gym.Wrapper):
@@ -73,16 +85,22 @@ class StepTimer(VecEnvWrapper):
 
 
 class RolloutTimer(BaseCallback):
+    """Times the rollouts; notes torch's thread counts at each end (shmvec's ``parent_threads``
+    may lend torch its own count through the update: runs at other counts are not compared)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.rollout_s = 0.0
         self._start = 0.0
+        self.threads: set[int] = set()
 
     def _on_rollout_start(self) -> None:
+        self.threads.add(torch.get_num_threads())
         self._start = time.perf_counter()
 
     def _on_rollout_end(self) -> None:
         self.rollout_s += time.perf_counter() - self._start
+        self.threads.add(torch.get_num_threads())
 
     def _on_step(self) -> bool:
         return True
@@ -94,9 +112,7 @@ def run(cls, n_envs: int, args: argparse.Namespace, threads: int) -> dict:
     if cls is ShmVecEnv:
         kwargs = {"n_workers": args.n_workers}
         if args.spin_us is not None:
-            if len(args.spin_us) > 2:
-                raise SystemExit("--spin-us takes one number (both sides) or two (PARENT WORKER)")
-            kwargs["spin_us"] = args.spin_us[0] if len(args.spin_us) == 1 else tuple(args.spin_us)
+            kwargs["spin_us"] = spin_option(args.spin_us)
     torch.set_num_threads(threads)  # each run starts from the count being measured
     start = time.perf_counter()
     env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=0, vec_env_cls=cls, wrapper_class=wrapper,
@@ -110,7 +126,7 @@ def run(cls, n_envs: int, args: argparse.Namespace, threads: int) -> dict:
         start = time.perf_counter()
         model.learn(args.steps, callback=timer)
         total = time.perf_counter() - start
-        ran_threads = torch.get_num_threads()
+        ran_threads = sorted(timer.threads | {torch.get_num_threads()})
     finally:
         env.close()
     return {"backend": cls.__name__, "n_envs": n_envs, "torch_threads": ran_threads, "steps": model.num_timesteps, "startup_s": startup,
@@ -120,75 +136,224 @@ def run(cls, n_envs: int, args: argparse.Namespace, threads: int) -> dict:
             "params": [p.detach().clone() for p in model.policy.parameters()]}
 
 
+def _layer(layer: torch.nn.Module, std: float = np.sqrt(2)) -> torch.nn.Module:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, 0.0)
+    return layer
+
+
+class Agent(torch.nn.Module):
+    """CleanRL's ``Agent`` (``ppo.py``): actor and critic, two 64-unit tanh layers each."""
+
+    def __init__(self, obs_dim: int, n_actions: int) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.critic = nn.Sequential(_layer(nn.Linear(obs_dim, 64)), nn.Tanh(), _layer(nn.Linear(64, 64)), nn.Tanh(),
+                                    _layer(nn.Linear(64, 1), 1.0))
+        self.actor = nn.Sequential(_layer(nn.Linear(obs_dim, 64)), nn.Tanh(), _layer(nn.Linear(64, 64)), nn.Tanh(),
+                                   _layer(nn.Linear(64, n_actions), 0.01))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x)
+
+    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None) -> tuple:
+        probs = torch.distributions.Categorical(logits=self.actor(x))
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(x)
+
+
+def make_gymnasium(name: str, n_envs: int, args: argparse.Namespace) -> gym.vector.VectorEnv:
+    wrappers = [lambda env: BusyStep(env, args.busy_us)] if args.busy_us > 0 else None
+    if name == "ShmVectorEnv":
+        kwargs = {"n_workers": args.n_workers}
+        if args.spin_us is not None:
+            kwargs["spin_us"] = spin_option(args.spin_us)
+        return shmvec.make_vec("CartPole-v1", num_envs=n_envs, vector_kwargs=kwargs, wrappers=wrappers)
+    mode = "sync" if name == "SyncVectorEnv" else "async"
+    return gym.make_vec("CartPole-v1", num_envs=n_envs, vectorization_mode=mode, wrappers=wrappers)
+
+
+def run_cleanrl(name: str, n_envs: int, args: argparse.Namespace, threads: int) -> dict:
+    """CleanRL's PPO loop through the vec env ``name``; the times as :func:`run` splits them."""
+    c = CLEANRL
+    num_steps = c["num_steps"]
+    batch = n_envs * num_steps
+    minibatch = batch // c["num_minibatches"]
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    np.random.seed(0)
+    start = time.perf_counter()
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(make_gymnasium(name, n_envs, args))
+    startup = time.perf_counter() - start
+    step_s = rollout_s = 0.0
+    try:
+        obs_dim = int(np.prod(envs.single_observation_space.shape))
+        agent = Agent(obs_dim, int(envs.single_action_space.n))
+        optimizer = torch.optim.Adam(agent.parameters(), lr=c["learning_rate"], eps=1e-5)
+        shape = (num_steps, n_envs)
+        obs = torch.zeros(shape + (obs_dim,))
+        actions = torch.zeros(shape, dtype=torch.long)
+        logprobs, rewards, values, next_values = (torch.zeros(shape) for _ in range(4))
+        terminated, ended, valid = (torch.zeros(shape) for _ in range(3))
+        episodes: list[tuple[float, int]] = []
+        next_obs = torch.Tensor(envs.reset(seed=0)[0])
+        prev_ended = torch.zeros(n_envs)
+        start = time.perf_counter()
+        ran_threads = set()  # torch's counts at each end of each rollout (shmvec may lend it more in updates)
+        for _ in range(max(1, args.steps // batch)):
+            ran_threads.add(torch.get_num_threads())
+            rollout_start = time.perf_counter()
+            for t in range(num_steps):
+                obs[t] = next_obs
+                valid[t] = 1.0 - prev_ended
+                with torch.no_grad():
+                    action, logprob, _, value = agent.get_action_and_value(next_obs)
+                values[t], actions[t], logprobs[t] = value.flatten(), action, logprob
+                step_start = time.perf_counter()
+                next_obs_np, reward, term, trunc, infos = envs.step(action.cpu().numpy())
+                step_s += time.perf_counter() - step_start
+                next_obs = torch.Tensor(next_obs_np)
+                rewards[t] = torch.as_tensor(reward, dtype=torch.float32)
+                terminated[t] = torch.as_tensor(term, dtype=torch.float32)
+                prev_ended = torch.as_tensor(term | trunc, dtype=torch.float32)
+                ended[t] = prev_ended
+                with torch.no_grad():  # V(s_t+1): the episode's last observation when it ended (NEXT_STEP)
+                    next_values[t] = agent.get_value(next_obs).flatten()
+                if "episode" in infos:
+                    done = infos["_episode"]
+                    episodes += zip(infos["episode"]["r"][done].tolist(), infos["episode"]["l"][done].tolist())
+            rollout_s += time.perf_counter() - rollout_start
+            ran_threads.add(torch.get_num_threads())
+            with torch.no_grad():  # GAE; the reset transition that follows an end is cut off (valid 0)
+                advantages = torch.zeros_like(rewards)
+                last = torch.zeros(n_envs)
+                for t in reversed(range(num_steps)):
+                    delta = rewards[t] + c["gamma"] * next_values[t] * (1.0 - terminated[t]) - values[t]
+                    last = (delta + c["gamma"] * c["gae_lambda"] * (1.0 - ended[t]) * last) * valid[t]
+                    advantages[t] = last
+                returns = advantages + values
+            b_obs, b_actions, b_logprobs = obs.reshape((-1, obs_dim)), actions.reshape(-1), logprobs.reshape(-1)
+            b_adv, b_returns, b_valid = advantages.reshape(-1), returns.reshape(-1), valid.reshape(-1)
+            inds = np.arange(batch)
+            for _ in range(c["update_epochs"]):
+                np.random.shuffle(inds)
+                for lo in range(0, batch, minibatch):
+                    mb = inds[lo:lo + minibatch]
+                    w = b_valid[mb]
+                    n = w.sum().clamp(min=1.0)
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions[mb])
+                    ratio = (newlogprob - b_logprobs[mb]).exp()
+                    adv = b_adv[mb]
+                    mean = (adv * w).sum() / n
+                    adv = (adv - mean) / ((((adv - mean) ** 2 * w).sum() / n).sqrt() + 1e-8)
+                    clipped = ratio.clamp(1 - c["clip_coef"], 1 + c["clip_coef"])
+                    pg_loss = (torch.max(-adv * ratio, -adv * clipped) * w).sum() / n
+                    v_loss = 0.5 * (((newvalue.view(-1) - b_returns[mb]) ** 2) * w).sum() / n
+                    loss = pg_loss - c["ent_coef"] * (entropy * w).sum() / n + c["vf_coef"] * v_loss
+                    optimizer.zero_grad()
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(agent.parameters(), c["max_grad_norm"])
+                    optimizer.step()
+        total = time.perf_counter() - start
+    finally:
+        envs.close()
+    return {"backend": name, "n_envs": n_envs, "torch_threads": sorted(ran_threads),
+            "steps": max(1, args.steps // batch) * batch, "startup_s": startup,
+            "total_s": total, "rollout_s": rollout_s, "update_s": total - rollout_s,
+            "env_step_s": step_s, "policy_s": rollout_s - step_s, "episodes": episodes,
+            "params": [p.detach().clone() for p in agent.parameters()]}
+
+
+def spin_option(values: list[float]) -> float | tuple[float, float]:
+    if len(values) > 2:
+        raise SystemExit("--spin-us takes one number (both sides) or two (PARENT WORKER)")
+    return values[0] if len(values) == 1 else (values[0], values[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--face", choices=["sb3", "gymnasium"], default="sb3",
+                        help="sb3: SB3's PPO, DummyVecEnv against ShmVecEnv; gymnasium: CleanRL's PPO, "
+                             "SyncVectorEnv against ShmVectorEnv (default: sb3)")
     parser.add_argument("--n-envs", type=int, nargs="+", default=[8, 64, 256])
     parser.add_argument("--steps", type=int, default=65_536)
-    parser.add_argument("--n-steps", type=int, default=32)
-    parser.add_argument("--n-epochs", type=int, default=2)
+    parser.add_argument("--n-steps", type=int, default=32, help="SB3's n_steps (CleanRL's loop: its own 128)")
+    parser.add_argument("--n-epochs", type=int, default=2, help="SB3's n_epochs (CleanRL's loop: its own 4)")
     parser.add_argument("--busy-us", type=float, default=0.0)
     parser.add_argument("--n-workers", type=int, default=None)
     parser.add_argument("--spin-us", type=float, nargs="+", default=None, metavar="US",
-                        help="ShmVecEnv spin_us: one number for both sides, or PARENT WORKER "
+                        help="shmvec's spin_us: one number for both sides, or PARENT WORKER "
                              "(default: its own); 0 makes a waiting side sleep at once")
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs of each backend, alternating (the summary gives medians)")
-    parser.add_argument("--subproc", action="store_true", help="also time SubprocVecEnv (slow at many envs)")
+    parser.add_argument("--subproc", action="store_true",
+                        help="also time SubprocVecEnv (AsyncVectorEnv with --face gymnasium; slow at many envs)")
     parser.add_argument("--torch-threads", nargs="+", default=["default"], metavar="N",
-                        help="torch's threads for every run: 'default' (torch's own count; ShmVecEnv's parent_threads "
+                        help="torch's threads for every run: 'default' (torch's own count; shmvec's parent_threads "
                              "decides for its runs) and/or numbers; each is measured in turn (default: default)")
     parser.add_argument("--json", help="write the results to this file")
     args = parser.parse_args()
+    if args.face == "sb3":
+        backends = [DummyVecEnv, ShmVecEnv] + ([SubprocVecEnv] if args.subproc else [])
+        runners = [(cls.__name__, lambda n, threads, cls=cls: run(cls, n, args, threads)) for cls in backends]
+        loop = f"SB3's PPO n_steps={args.n_steps} n_epochs={args.n_epochs}"
+    else:
+        names = ["SyncVectorEnv", "ShmVectorEnv"] + (["AsyncVectorEnv"] if args.subproc else [])
+        runners = [(name, lambda n, threads, name=name: run_cleanrl(name, n, args, threads)) for name in names]
+        loop = "CleanRL's PPO " + " ".join(f"{k}={v}" for k, v in CLEANRL.items() if k in ("num_steps", "update_epochs"))
+    ref_name = runners[0][0]
+    ref_short = ref_name.replace("VecEnv", "").replace("Vector", "").replace("Env", "")
     default_threads = torch.get_num_threads()
     counts = [default_threads if t == "default" else int(t) for t in args.torch_threads]
-    print(f"machine: {machine()}; PPO n_steps={args.n_steps} n_epochs={args.n_epochs}, "
+    print(f"machine: {machine()}; {loop}, "
           f"{args.steps} steps, busy_us={args.busy_us}, {args.repeat} alternating runs per backend; torch threads "
           + ", ".join(f"{t} ({n})" for t, n in zip(args.torch_threads, counts)))
     header = (f"{'threads':>7s} {'backend':14s} {'n_envs':>6s} {'total s':>8s} {'rollout s':>9s} {'env step s':>10s} "
-              f"{'policy s':>8s} {'update s':>8s} {'x Dummy':>8s}")
-    print(header + "  same as Dummy (-: torch ran another thread count)")
+              f"{'policy s':>8s} {'update s':>8s} {'x ' + ref_short:>8s}")
+    print(header + f"  same as {ref_short} (-: torch ran other thread counts)")
     rows = []
     summary = []
     for label, threads in zip(args.torch_threads, counts):
         for n_envs in args.n_envs:
-            backends = [DummyVecEnv, ShmVecEnv] + ([SubprocVecEnv] if args.subproc else [])
-            runs: dict[str, list[dict]] = {cls.__name__: [] for cls in backends}
+            runs: dict[str, list[dict]] = {name: [] for name, _ in runners}
             for _ in range(args.repeat):
                 ref = None
-                for cls in backends:
-                    r = run(cls, n_envs, args, threads)
+                for _name, runner in runners:
+                    r = runner(n_envs, threads)
                     if ref is None:
                         ref = r
-                    # With another torch thread count (ShmVecEnv's parent_threads), float sums differ in
+                    # With other torch thread counts (shmvec's parent_threads), float sums differ in
                     # their last bits and training drifts apart: nothing to compare ("-").
                     same = None if r["torch_threads"] != ref["torch_threads"] else (
                         r["episodes"] == ref["episodes"]
                         and all(torch.equal(a, b) for a, b in zip(r["params"], ref["params"])))
-                    r["x_dummy"] = ref["total_s"] / r["total_s"]
+                    r["x_ref"] = ref["total_s"] / r["total_s"]
                     print(f"{label:>7s} {r['backend']:14s} {n_envs:6d} {r['total_s']:8.2f} {r['rollout_s']:9.2f} "
-                          f"{r['env_step_s']:10.2f} {r['policy_s']:8.2f} {r['update_s']:8.2f} {r['x_dummy']:8.2f}  {'-' if same is None else same}")
-                    row = {k: v for k, v in r.items() if k not in ("params", "episodes")} | {"same_as_dummy": same,
-                                                                                          "threads": label}
+                          f"{r['env_step_s']:10.2f} {r['policy_s']:8.2f} {r['update_s']:8.2f} {r['x_ref']:8.2f}  "
+                          f"{'-' if same is None else same}")
+                    row = {k: v for k, v in r.items() if k not in ("params", "episodes")} | {
+                        "same_as_reference": same, "reference": ref_name, "threads": label}
                     rows.append(row)
                     runs[r["backend"]].append(row)
             for name, rs in runs.items():
                 med = {k: float(np.median([x[k] for x in rs])) for k in
-                       ("total_s", "rollout_s", "env_step_s", "policy_s", "update_s", "x_dummy")}
+                       ("total_s", "rollout_s", "env_step_s", "policy_s", "update_s", "x_ref")}
                 summary.append({"threads": label, "backend": name, "n_envs": n_envs} | med
-                               | {"x_dummy_min": min(x["x_dummy"] for x in rs),
-                                  "x_dummy_max": max(x["x_dummy"] for x in rs)})
-    print(f"\nMedians of {args.repeat} runs (x Dummy: the median of the per-run ratios, min..max)")
+                               | {"x_ref_min": min(x["x_ref"] for x in rs),
+                                  "x_ref_max": max(x["x_ref"] for x in rs)})
+    print(f"\nMedians of {args.repeat} runs (x {ref_short}: the median of the per-run ratios, min..max)")
     print(header)
     for m in summary:
         print(f"{m['threads']:>7s} {m['backend']:14s} {m['n_envs']:6d} {m['total_s']:8.2f} {m['rollout_s']:9.2f} "
               f"{m['env_step_s']:10.2f} "
-              f"{m['policy_s']:8.2f} {m['update_s']:8.2f} {m['x_dummy']:8.2f}  "
-              f"({m['x_dummy_min']:.2f}..{m['x_dummy_max']:.2f})")
+              f"{m['policy_s']:8.2f} {m['update_s']:8.2f} {m['x_ref']:8.2f}  "
+              f"({m['x_ref_min']:.2f}..{m['x_ref_max']:.2f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine(), "args": vars(args), "rows": rows, "summary": summary}, f, indent=2)
-    if any(row["same_as_dummy"] is False for row in rows):
-        raise SystemExit("a run differs from DummyVecEnv's: please report it as a shmvec bug")
+    if any(row["same_as_reference"] is False for row in rows):
+        raise SystemExit(f"a run differs from {ref_name}'s: please report it as a shmvec bug")
 
 
 if __name__ == "__main__":

@@ -26,8 +26,32 @@ What (the ``parent_threads`` option, one decision per engine)
   next step (:meth:`Decision.posting`, the median of ``GAPS``): a heavy policy (a CNN, over
   ``HEAVY_GAP_S``) gains more from torch's own count than its spin costs the workers, and gets it
   back; a light one (under ``LIGHT_GAP_S``) is reduced again.
+  Through the parent's long gaps (PPO's update between two rollouts), ``"auto"`` may lend torch
+  its own count: see "Lending" below.
 - an int ``n``: torch is set to ``n`` threads the same way, without a warning.
 - ``None``: torch is left as it is.
+
+Lending (``"auto"``, reduced)
+-----------------------------
+An update between two rollouts (PPO's, on minibatches of thousands of samples) runs faster on
+torch's own count, while the workers sleep; but the gap cannot be seen coming, and once it ends
+torch's second thread spins into the next rollout on a worker's core (a few ms of libgomp's spin).
+So the gain depends on the update's size, and it is measured, not guessed:
+
+- A *long gap* is one over ``LONG_GAP_S``.  :attr:`Decision.since` counts the steps posted since
+  the last one; two long gaps in a row the same number of steps apart (:attr:`Decision.period`,
+  the rollout) make the next one predictable: when a step returns and ``since == period``, the
+  gap that starts is taken for the update.  A predicted gap that turns out short forgets the
+  period (found again from two long gaps).
+- At each predicted gap, :attr:`Decision.iterations` records the time since the previous one
+  (an *iteration*: one update and one rollout) with whether that previous gap was lent.  A trial
+  alternates: not lent, lent, not lent, lent (``TRIAL``); then lending is kept if the faster lent
+  iteration beats the faster one not lent by ``LEND_MARGIN``, and the choice holds for
+  ``LEND_HOLD`` iterations before another trial (twice as many after a trial that chose the same
+  again: a trial costs the slower choice's two iterations).
+- Lent: torch runs its own count (``before``) from that step's return until the next post, which
+  sets it back; torch found at another count at either end is the user's, and stops the
+  following (as the gap rule does).  A close during a lent gap sets it back first.
 
 When it is undone
 -----------------
@@ -66,6 +90,14 @@ USER_SET_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 LIGHT_GAP_S = 5e-4
 HEAVY_GAP_S = 2e-3
 GAPS = 8
+#: Lending (module docstring): a gap over ``LONG_GAP_S`` is an update; ``TRIAL`` iterations
+#: alternate not lent and lent; lending must win by ``LEND_MARGIN``; the choice holds for
+#: ``LEND_HOLD`` iterations, twice as many each time a trial chooses the same (at most ``LEND_HOLD_MAX``).
+LONG_GAP_S = 1e-2
+TRIAL = 4
+LEND_MARGIN = 0.03
+LEND_HOLD = 32
+LEND_HOLD_MAX = 1024
 
 
 @dataclass
@@ -82,29 +114,102 @@ class Decision:
     adaptive: bool = False  # "auto" that changed the count: follows the gaps between steps
     reduced: bool = False  # torch runs ``after`` now (else ``before``: a heavy policy)
     returned: float = 0.0  # when the last step returned (perf_counter)
+    # Lending (module docstring): steps since the last long gap, the steps between the last two,
+    # how many long gaps in a row came that far apart, whether the gap now is lent.
+    since: int = 0
+    period: int = 0
+    confirmed: int = 0
+    lent: bool = False
+    lend: bool | None = None  # the trial's choice (None: a trial runs)
+    chose: bool | None = None  # the last trial's choice
+    held: int = 0  # iterations since the choice
+    hold: int = LEND_HOLD  # iterations it holds (doubles each time a trial chooses the same again)
+    mark: float = 0.0  # when the last predicted gap started
+    mark_lent: bool = False  # whether it was lent
+    clock: Any = time.perf_counter
 
     def __post_init__(self) -> None:
         self.gaps: list[float] = []
+        self.iterations: list[tuple[bool, float]] = []  # the trial's (lent, seconds)
+        self.decided_on: list[tuple[bool, float]] = []  # the last trial's, once it chose
 
     def as_dict(self) -> dict[str, Any]:
-        return {"option": self.option, "before": self.before, "after": self.after, "reason": self.reason,
-                "now": (self.after if self.reduced else self.before) if self.adaptive else self.after}
+        now = ((self.before if self.lent or not self.reduced else self.after) if self.adaptive else self.after)
+        out = {"option": self.option, "before": self.before, "after": self.after, "reason": self.reason, "now": now}
+        if self.adaptive and self.period and self.confirmed >= 2:
+            state = "trial" if self.lend is None else ("lent" if self.lend else "kept")
+            out["long_gaps"] = {"every": self.period, "lending": state, "why": self.lend_reason()}
+        return out
+
+    def lend_reason(self) -> str:
+        """What lending found (for ``describe()``)."""
+        if self.lend is None:
+            return (f"a long gap (an update) every {self.period} steps: timing iterations with and without "
+                    f"torch's {self.before} threads through it")
+        best = {lent: min((s for was, s in self.decided_on if was is lent), default=0.0) for lent in (False, True)}
+        return (f"a long gap (an update) every {self.period} steps: an iteration took {best[True] * 1e3:.1f} ms with "
+                f"torch's {self.before} threads through it, {best[False] * 1e3:.1f} ms without: "
+                + (f"torch gets its {self.before} threads in those gaps" if self.lend else
+                   f"torch keeps {self.after} (its spin into the next rollout costs more than it gains)"))
 
     def stepped(self) -> None:
-        """A step returned (the parent's gap starts)."""
+        """A step returned (the parent's gap starts); the gap predicted long may be lent."""
         if self.adaptive:
-            self.returned = time.perf_counter()
+            self.returned = now = self.clock()
+            if self.reduced and self.confirmed >= 2 and self.since == self.period:
+                self._long_gap_starts(now)
 
     def posting(self) -> None:
-        """A step is posted (the gap ends): every ``GAPS`` steps, their median gap decides."""
-        if not self.adaptive or not self.returned:
+        """A step is posted (the gap ends): every ``GAPS`` steps, their median gap decides; a lent
+        gap is over; a long gap counts toward the period."""
+        if not self.adaptive:
             return
-        self.gaps.append(time.perf_counter() - self.returned)
-        if len(self.gaps) >= GAPS:
-            gap = sorted(self.gaps)[GAPS // 2]
-            self.gaps.clear()
-            if (self.reduced and gap > HEAVY_GAP_S) or (not self.reduced and gap < LIGHT_GAP_S):
-                _follow(self, gap)
+        if self.lent:
+            self._set(self.before, self.after)
+            self.lent = False
+        if self.returned:
+            gap = self.clock() - self.returned
+            if gap >= LONG_GAP_S:
+                self.confirmed = self.confirmed + 1 if self.since == self.period else 1
+                self.period, self.since = self.since, 0
+            elif self.confirmed and self.since == self.period:  # the gap predicted long was not
+                self.confirmed, self.mark, self.iterations = 0, 0.0, []
+            self.gaps.append(gap)
+            if len(self.gaps) >= GAPS:
+                gap = sorted(self.gaps)[GAPS // 2]
+                self.gaps.clear()
+                if self.adaptive and ((self.reduced and gap > HEAVY_GAP_S) or (not self.reduced and gap < LIGHT_GAP_S)):
+                    _follow(self, gap)
+        self.since += 1
+
+    def _long_gap_starts(self, now: float) -> None:
+        if self.mark:
+            if self.lend is None:
+                self.iterations.append((self.mark_lent, now - self.mark))
+            else:
+                self.held += 1
+        self.mark = now
+        if self.lend is None and len(self.iterations) >= TRIAL:
+            best = {lent: min(s for was, s in self.iterations if was is lent) for lent in (False, True)}
+            lend = best[True] < (1.0 - LEND_MARGIN) * best[False]
+            self.hold = min(2 * self.hold, LEND_HOLD_MAX) if lend is self.chose else LEND_HOLD
+            self.lend = self.chose = lend
+            self.held, self.decided_on, self.iterations = 0, self.iterations, []
+        elif self.lend is not None and self.held >= self.hold:
+            self.lend = None  # another trial
+        lend = len(self.iterations) % 2 == 1 if self.lend is None else self.lend
+        self.mark_lent = lend and self._set(self.after, self.before)
+        self.lent = self.mark_lent
+
+    def _set(self, now: int | None, to: int | None) -> bool:
+        """torch from ``now`` to ``to`` threads; False (and no more following) if torch runs
+        another count: the user's."""
+        torch = sys.modules.get("torch")
+        if torch is None or now is None or to is None or int(torch.get_num_threads()) != now:
+            self.adaptive = self.lent = False
+            return False
+        torch.set_num_threads(to)
+        return True
 
 
 def check_parent_threads(value: Any) -> Any:
@@ -232,6 +337,9 @@ def release(decision: Decision | None) -> None:
     if decision is None or not decision.holds:
         return
     decision.holds = False
+    if decision.lent:  # closed in a lent gap: torch back at the held count first
+        decision.lent = False
+        decision._set(decision.before, decision.after)
     with _lock:
         if _holders == 0:
             return  # a forked child's copy of the parent's engine: the child holds nothing

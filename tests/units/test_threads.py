@@ -202,3 +202,108 @@ def test_auto_follows_the_gap_between_steps(threads):
         assert torch.get_num_threads() == 5 and not d.adaptive
     finally:
         env.close()
+
+
+class _Training:
+    """Drives a real vec env's thread decision through rollouts and updates on a fake clock:
+    ``period`` light steps, then an update that takes ``update_s`` at torch's reduced count and
+    ``lent_update_s`` at its own, after which a lent update costs the next rollout ``spin_s``
+    (torch's second thread spinning on a worker's core)."""
+
+    def __init__(self, d, period: int, update_s: float, lent_update_s: float, spin_s: float = 0.0):
+        self.d, self.period, self.now = d, period, 100.0
+        self.update_s, self.lent_update_s, self.spin_s = update_s, lent_update_s, spin_s
+        self.threads_in_updates: list[int] = []
+        self.threads_in_steps: set[int] = set()
+        d.clock = lambda: self.now
+
+    def iteration(self, before_update=None) -> None:
+        d = self.d
+        spin = self.spin_s if self.threads_in_updates and self.threads_in_updates[-1] == self.own else 0.0
+        for k in range(self.period):
+            self.now += 1e-4 + (spin if k == 0 else 0.0)  # the policy's gap (and the spin, once)
+            d.posting()
+            self.threads_in_steps.add(torch.get_num_threads())
+            self.now += 2e-4  # the step
+            d.stepped()
+        if before_update:
+            before_update()
+        n = torch.get_num_threads()
+        self.threads_in_updates.append(n)
+        self.now += self.lent_update_s if n == self.own else self.update_s
+
+    own = usable_cores() + 3
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_auto_lends_torch_its_threads_through_updates_only_where_that_is_faster(threads, faster):
+    """Long gaps every ``period`` steps (PPO's updates): after two, a trial alternates updates at
+    torch's own count and at the reduced one, timing whole iterations; lending stays where it won
+    (the update on more threads), not where torch's spin into the next rollout cost more."""
+    threads(usable_cores() + 3)
+    env = vec(n_workers=1)
+    d = env._engine.threads
+    try:
+        reduced = free_cores(1)
+        if faster:
+            run = _Training(d, period=16, update_s=0.05, lent_update_s=0.03, spin_s=0.002)
+        else:
+            run = _Training(d, period=16, update_s=0.05, lent_update_s=0.045, spin_s=0.02)
+        for _ in range(2 + T.TRIAL + 3):
+            run.iteration()
+        own = _Training.own
+        assert run.threads_in_steps == {reduced}  # every step, and the policy before it, at the reduced count
+        # Two long gaps find the period; the next starts the trial: not lent, lent, not lent, lent.
+        assert run.threads_in_updates[:2 + T.TRIAL] == [reduced] * 2 + [reduced, own, reduced, own]
+        assert run.threads_in_updates[2 + T.TRIAL:] == [own if faster else reduced] * 3
+        assert d.lend is faster and d.period == 16
+        said = env.describe()["decided"]["parent_threads"]["long_gaps"]
+        assert said["every"] == 16 and said["lending"] == ("lent" if faster else "kept")
+        assert ("gets its" in said["why"]) is faster
+        # The choice holds LEND_HOLD iterations, then another trial; the same choice holds twice as long.
+        for _ in range(T.LEND_HOLD + T.TRIAL):
+            run.iteration()
+        assert d.lend is faster and d.hold == 2 * T.LEND_HOLD
+    finally:
+        env.close()
+    assert torch.get_num_threads() == _Training.own
+
+
+def test_lending_stops_for_a_users_count_a_short_gap_and_a_close(threads):
+    """A count the user sets in a lent gap is theirs (no more following); a gap predicted long that
+    is not forgets the period; a vec env closed in a lent gap gives the other holders their count back."""
+    threads(usable_cores() + 3)
+    env, other = vec(n_workers=1), vec(n_workers=1)
+    d = env._engine.threads
+    try:
+        reduced, own = free_cores(1), _Training.own
+        run = _Training(d, period=8, update_s=0.05, lent_update_s=0.03)
+        for _ in range(2 + T.TRIAL + 1):
+            run.iteration()
+        assert d.lend is True and run.threads_in_updates[-1] == own
+        # A longer rollout (an evaluation between two): the gap predicted long is short.
+        run.period = 12
+        run.iteration()
+        assert d.confirmed == 0 and run.threads_in_updates[-1] == reduced
+        run.period = 8
+        for _ in range(3):
+            run.iteration()
+        assert run.threads_in_updates[-1] == own  # found again: the trial's choice still holds
+        # Closed in a lent gap: the other vec env still holds the reduced count.
+        env.close()
+        assert torch.get_num_threads() == reduced
+        other.close()
+        assert torch.get_num_threads() == own
+        # The user's count in a lent gap: kept, and the decision stops following.
+        other = vec(n_workers=1)
+        d2 = other._engine.threads
+        run2 = _Training(d2, period=8, update_s=0.05, lent_update_s=0.03)
+        for _ in range(2 + T.TRIAL + 1):
+            run2.iteration()
+        assert torch.get_num_threads() == own and d2.lent
+        torch.set_num_threads(3)
+        run2.iteration()
+        assert not d2.adaptive and torch.get_num_threads() == 3
+    finally:
+        env.close()
+        other.close()
