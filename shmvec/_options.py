@@ -263,7 +263,8 @@ OPTIONS: tuple[Option, ...] = (
            "torch's intra-op threads in the parent; a number sets them, `None` leaves torch alone "
            "([why](design.md#the-parents-torch-threads))",
            default_is='`"auto"`: torch in this process at most at the cores the workers leave free (at least 1), '
-                      "while they run",
+                      "while they run; its own count through long gaps such as PPO's updates where a trial finds "
+                      "that faster",
            check=parent_threads_check),
 )
 BY_NAME: Mapping[str, Option] = MappingProxyType({o.name: o for o in OPTIONS})
