@@ -9,9 +9,9 @@ many extra microseconds of CPU (a stand-in for a costlier simulator than CartPol
     python bench/ppo_wallclock.py                          # n_envs 8, 64, 256
     python bench/ppo_wallclock.py --n-envs 64 --busy-us 50 --subproc
 
-``--face gymnasium`` trains CleanRL's PPO (``ppo.py``'s loop, agent and defaults:
-``num_steps=128``, 4 minibatches, 4 epochs, learning rate 2.5e-4; NEXT_STEP autoreset's reset
-transitions masked out, as ``examples/cleanrl_ppo.py`` does) through ``SyncVectorEnv`` and
+``--face gymnasium`` trains the CleanRL PPO of ``examples/cleanrl_ppo.py`` (``ppo.py``'s loop,
+agent and defaults: ``num_steps=128``, 4 minibatches, 4 epochs, learning rate 2.5e-4; NEXT_STEP
+autoreset's reset transitions masked out; its GAE and update functions) through ``SyncVectorEnv`` and
 ``ShmVectorEnv`` (``--subproc``: ``AsyncVectorEnv`` too), each built by ``gymnasium.make_vec``
 and ``shmvec.make_vec``::
 
@@ -30,8 +30,11 @@ Absolute times depend on the machine (and on its load); compare the runs of one 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import time
+import types
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -45,8 +48,17 @@ import shmvec
 from shmvec import ShmVecEnv
 from shmvec.bench import machine
 
-CLEANRL = {"num_steps": 128, "learning_rate": 2.5e-4, "gamma": 0.99, "gae_lambda": 0.95, "num_minibatches": 4,
-           "update_epochs": 4, "clip_coef": 0.2, "ent_coef": 0.01, "vf_coef": 0.5, "max_grad_norm": 0.5}
+
+def _cleanrl() -> types.ModuleType:
+    """examples/cleanrl_ppo.py: its hyperparameters (CleanRL's defaults), ``Agent``, GAE and update."""
+    path = Path(__file__).resolve().parent.parent / "examples" / "cleanrl_ppo.py"
+    spec = importlib.util.spec_from_file_location("cleanrl_ppo", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CLEANRL = _cleanrl()
 
 
 class BusyStep(gym.Wrapper):
@@ -136,33 +148,6 @@ def run(cls, n_envs: int, args: argparse.Namespace, threads: int) -> dict:
             "params": [p.detach().clone() for p in model.policy.parameters()]}
 
 
-def _layer(layer: torch.nn.Module, std: float = np.sqrt(2)) -> torch.nn.Module:
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, 0.0)
-    return layer
-
-
-class Agent(torch.nn.Module):
-    """CleanRL's ``Agent`` (``ppo.py``): actor and critic, two 64-unit tanh layers each."""
-
-    def __init__(self, obs_dim: int, n_actions: int) -> None:
-        super().__init__()
-        nn = torch.nn
-        self.critic = nn.Sequential(_layer(nn.Linear(obs_dim, 64)), nn.Tanh(), _layer(nn.Linear(64, 64)), nn.Tanh(),
-                                    _layer(nn.Linear(64, 1), 1.0))
-        self.actor = nn.Sequential(_layer(nn.Linear(obs_dim, 64)), nn.Tanh(), _layer(nn.Linear(64, 64)), nn.Tanh(),
-                                   _layer(nn.Linear(64, n_actions), 0.01))
-
-    def get_value(self, x: torch.Tensor) -> torch.Tensor:
-        return self.critic(x)
-
-    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None) -> tuple:
-        probs = torch.distributions.Categorical(logits=self.actor(x))
-        if action is None:
-            action = probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), self.critic(x)
-
-
 def make_gymnasium(name: str, n_envs: int, args: argparse.Namespace) -> gym.vector.VectorEnv:
     wrappers = [lambda env: BusyStep(env, args.busy_us)] if args.busy_us > 0 else None
     if name == "ShmVectorEnv":
@@ -175,32 +160,32 @@ def make_gymnasium(name: str, n_envs: int, args: argparse.Namespace) -> gym.vect
 
 
 def run_cleanrl(name: str, n_envs: int, args: argparse.Namespace, threads: int) -> dict:
-    """CleanRL's PPO loop through the vec env ``name``; the times as :func:`run` splits them."""
-    c = CLEANRL
-    num_steps = c["num_steps"]
+    """The PPO of examples/cleanrl_ppo.py (CleanRL's loop and defaults) through the vec env
+    ``name``; the times as :func:`run` splits them."""
+    c = CLEANRL.parse_args(["--num-envs", str(n_envs), "--seed", "0"])
+    num_steps = c.num_steps
     batch = n_envs * num_steps
-    minibatch = batch // c["num_minibatches"]
     torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    np.random.seed(0)
+    np.random.seed(c.seed)
+    torch.manual_seed(c.seed)
     start = time.perf_counter()
     envs = gym.wrappers.vector.RecordEpisodeStatistics(make_gymnasium(name, n_envs, args))
     startup = time.perf_counter() - start
     step_s = rollout_s = 0.0
+    ran_threads = set()  # torch's counts at each end of each rollout (shmvec may lend it more in updates)
     try:
         obs_dim = int(np.prod(envs.single_observation_space.shape))
-        agent = Agent(obs_dim, int(envs.single_action_space.n))
-        optimizer = torch.optim.Adam(agent.parameters(), lr=c["learning_rate"], eps=1e-5)
+        agent = CLEANRL.Agent(obs_dim, int(envs.single_action_space.n))
+        optimizer = torch.optim.Adam(agent.parameters(), lr=c.learning_rate, eps=1e-5)
         shape = (num_steps, n_envs)
         obs = torch.zeros(shape + (obs_dim,))
         actions = torch.zeros(shape, dtype=torch.long)
         logprobs, rewards, values, next_values = (torch.zeros(shape) for _ in range(4))
         terminated, ended, valid = (torch.zeros(shape) for _ in range(3))
         episodes: list[tuple[float, int]] = []
-        next_obs = torch.Tensor(envs.reset(seed=0)[0])
+        next_obs = torch.as_tensor(envs.reset(seed=c.seed)[0], dtype=torch.float32)
         prev_ended = torch.zeros(n_envs)
         start = time.perf_counter()
-        ran_threads = set()  # torch's counts at each end of each rollout (shmvec may lend it more in updates)
         for _ in range(max(1, args.steps // batch)):
             ran_threads.add(torch.get_num_threads())
             rollout_start = time.perf_counter()
@@ -211,50 +196,24 @@ def run_cleanrl(name: str, n_envs: int, args: argparse.Namespace, threads: int) 
                     action, logprob, _, value = agent.get_action_and_value(next_obs)
                 values[t], actions[t], logprobs[t] = value.flatten(), action, logprob
                 step_start = time.perf_counter()
-                next_obs_np, reward, term, trunc, infos = envs.step(action.cpu().numpy())
+                next_obs_np, reward, term, trunc, infos = envs.step(action.numpy())
                 step_s += time.perf_counter() - step_start
-                next_obs = torch.Tensor(next_obs_np)
+                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32)
                 rewards[t] = torch.as_tensor(reward, dtype=torch.float32)
                 terminated[t] = torch.as_tensor(term, dtype=torch.float32)
                 prev_ended = torch.as_tensor(term | trunc, dtype=torch.float32)
                 ended[t] = prev_ended
-                with torch.no_grad():  # V(s_t+1): the episode's last observation when it ended (NEXT_STEP)
+                with torch.no_grad():
                     next_values[t] = agent.get_value(next_obs).flatten()
                 if "episode" in infos:
                     done = infos["_episode"]
                     episodes += zip(infos["episode"]["r"][done].tolist(), infos["episode"]["l"][done].tolist())
             rollout_s += time.perf_counter() - rollout_start
             ran_threads.add(torch.get_num_threads())
-            with torch.no_grad():  # GAE; the reset transition that follows an end is cut off (valid 0)
-                advantages = torch.zeros_like(rewards)
-                last = torch.zeros(n_envs)
-                for t in reversed(range(num_steps)):
-                    delta = rewards[t] + c["gamma"] * next_values[t] * (1.0 - terminated[t]) - values[t]
-                    last = (delta + c["gamma"] * c["gae_lambda"] * (1.0 - ended[t]) * last) * valid[t]
-                    advantages[t] = last
-                returns = advantages + values
-            b_obs, b_actions, b_logprobs = obs.reshape((-1, obs_dim)), actions.reshape(-1), logprobs.reshape(-1)
-            b_adv, b_returns, b_valid = advantages.reshape(-1), returns.reshape(-1), valid.reshape(-1)
-            inds = np.arange(batch)
-            for _ in range(c["update_epochs"]):
-                np.random.shuffle(inds)
-                for lo in range(0, batch, minibatch):
-                    mb = inds[lo:lo + minibatch]
-                    w = b_valid[mb]
-                    n = w.sum().clamp(min=1.0)
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions[mb])
-                    ratio = (newlogprob - b_logprobs[mb]).exp()
-                    adv = b_adv[mb]
-                    mean = (adv * w).sum() / n
-                    adv = (adv - mean) / ((((adv - mean) ** 2 * w).sum() / n).sqrt() + 1e-8)
-                    clipped = ratio.clamp(1 - c["clip_coef"], 1 + c["clip_coef"])
-                    pg_loss = (torch.max(-adv * ratio, -adv * clipped) * w).sum() / n
-                    v_loss = 0.5 * (((newvalue.view(-1) - b_returns[mb]) ** 2) * w).sum() / n
-                    loss = pg_loss - c["ent_coef"] * (entropy * w).sum() / n + c["vf_coef"] * v_loss
-                    optimizer.zero_grad()
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(agent.parameters(), c["max_grad_norm"])
-                    optimizer.step()
+            advantages, returns = CLEANRL.advantages_and_returns(c, rewards, values, next_values, terminated, ended,
+                                                                  valid)
+            CLEANRL.update(c, agent, optimizer, obs.reshape((-1, obs_dim)), actions, logprobs, advantages, returns,
+                           valid)
         total = time.perf_counter() - start
     finally:
         envs.close()
@@ -301,7 +260,8 @@ def main() -> None:
     else:
         names = ["SyncVectorEnv", "ShmVectorEnv"] + (["AsyncVectorEnv"] if args.subproc else [])
         runners = [(name, lambda n, threads, name=name: run_cleanrl(name, n, args, threads)) for name in names]
-        loop = "CleanRL's PPO " + " ".join(f"{k}={v}" for k, v in CLEANRL.items() if k in ("num_steps", "update_epochs"))
+        c = CLEANRL.parse_args([])
+        loop = f"CleanRL's PPO (examples/cleanrl_ppo.py) num_steps={c.num_steps} update_epochs={c.update_epochs}"
     ref_name = runners[0][0]
     ref_short = ref_name.replace("VecEnv", "").replace("Vector", "").replace("Env", "")
     default_threads = torch.get_num_threads()

@@ -75,13 +75,60 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 
+def advantages_and_returns(args: argparse.Namespace, rewards: torch.Tensor, values: torch.Tensor,
+                           next_values: torch.Tensor, terminated: torch.Tensor, ended: torch.Tensor,
+                           valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over one rollout ((num_steps, num_envs) each); a reset transition (valid 0) follows every
+    end and is cut off."""
+    with torch.no_grad():
+        advantages = torch.zeros_like(rewards)
+        lastgaelam = torch.zeros(rewards.shape[1])
+        for t in reversed(range(rewards.shape[0])):
+            delta = rewards[t] + args.gamma * next_values[t] * (1.0 - terminated[t]) - values[t]
+            lastgaelam = delta + args.gamma * args.gae_lambda * (1.0 - ended[t]) * lastgaelam
+            lastgaelam = lastgaelam * valid[t]
+            advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def update(args: argparse.Namespace, agent: Agent, optimizer: torch.optim.Optimizer, b_obs: torch.Tensor,
+           actions: torch.Tensor, logprobs: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+           valid: torch.Tensor) -> torch.Tensor:
+    """PPO's update epochs over one rollout (the reset transitions weigh 0); returns the last loss."""
+    b_logprobs, b_actions = logprobs.reshape(-1), actions.reshape(-1)
+    b_advantages, b_returns, b_valid = advantages.reshape(-1), returns.reshape(-1), valid.reshape(-1)
+    batch_size = b_valid.shape[0]
+    minibatch_size = batch_size // args.num_minibatches
+    b_inds = np.arange(batch_size)
+    for _ in range(args.update_epochs):
+        np.random.shuffle(b_inds)
+        for lo in range(0, batch_size, minibatch_size):
+            mb = b_inds[lo:lo + minibatch_size]
+            w = b_valid[mb]
+            n = w.sum().clamp(min=1.0)
+            _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions[mb])
+            ratio = (newlogprob - b_logprobs[mb]).exp()
+            mb_adv = b_advantages[mb]
+            mean = (mb_adv * w).sum() / n
+            std = (((mb_adv - mean) ** 2 * w).sum() / n).sqrt()
+            mb_adv = (mb_adv - mean) / (std + 1e-8)
+            pg_loss = (torch.max(-mb_adv * ratio, -mb_adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)) * w).sum() / n
+            v_loss = 0.5 * (((newvalue.view(-1) - b_returns[mb]) ** 2) * w).sum() / n
+            entropy_loss = (entropy * w).sum() / n
+            loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+    return loss
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
     batch_size = args.num_envs * args.num_steps
-    minibatch_size = batch_size // args.num_minibatches
     num_iterations = max(1, args.total_timesteps // batch_size)
+    np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    torch.set_num_threads(1)
 
     envs = shmvec.make_vec(
         args.env_id, num_envs=args.num_envs,
@@ -132,40 +179,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 if "episode" in infos:
                     returns_seen.extend(infos["episode"]["r"][infos["_episode"]].tolist())
 
-            with torch.no_grad():  # GAE; a reset transition (valid 0) follows every end and is cut off
-                advantages = torch.zeros_like(rewards)
-                lastgaelam = torch.zeros(args.num_envs)
-                for t in reversed(range(args.num_steps)):
-                    delta = rewards[t] + args.gamma * next_values[t] * (1.0 - terminated[t]) - values[t]
-                    lastgaelam = delta + args.gamma * args.gae_lambda * (1.0 - ended[t]) * lastgaelam
-                    lastgaelam = lastgaelam * valid[t]
-                    advantages[t] = lastgaelam
-                returns = advantages + values
-
-            b_obs = obs.reshape((-1, obs_dim))
-            b_logprobs, b_actions = logprobs.reshape(-1), actions.reshape(-1)
-            b_advantages, b_returns, b_valid = advantages.reshape(-1), returns.reshape(-1), valid.reshape(-1)
-            b_inds = np.arange(batch_size)
-            for _ in range(args.update_epochs):
-                np.random.shuffle(b_inds)
-                for lo in range(0, batch_size, minibatch_size):
-                    mb = b_inds[lo:lo + minibatch_size]
-                    w = b_valid[mb]
-                    n = w.sum().clamp(min=1.0)
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions[mb])
-                    ratio = (newlogprob - b_logprobs[mb]).exp()
-                    mb_adv = b_advantages[mb]
-                    mean = (mb_adv * w).sum() / n
-                    std = (((mb_adv - mean) ** 2 * w).sum() / n).sqrt()
-                    mb_adv = (mb_adv - mean) / (std + 1e-8)
-                    pg_loss = (torch.max(-mb_adv * ratio, -mb_adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)) * w).sum() / n
-                    v_loss = 0.5 * (((newvalue.view(-1) - b_returns[mb]) ** 2) * w).sum() / n
-                    entropy_loss = (entropy * w).sum() / n
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
+            advantages, returns = advantages_and_returns(args, rewards, values, next_values, terminated, ended, valid)
+            loss = update(args, agent, optimizer, obs.reshape((-1, obs_dim)), actions, logprobs, advantages, returns,
+                          valid)
 
             recent = returns_seen[-20:]
             stats = {
