@@ -284,7 +284,9 @@ def check_parent_threads(torch_threads: int | None, cores: int, workers: int,
     return Check("parent-threads", "ok",
                  f"torch runs {torch_threads} threads on {cores} cores: while {workers} workers run, ShmVecEnv "
                  f"sets it to {free} (parent_threads='auto': its idle threads would spin on the workers' cores "
-                 "after each forward pass) and restores it at close, with a ParentThreadsWarning once",
+                 f"after each forward pass) and restores it at close, with a ParentThreadsWarning once; through "
+                 f"long gaps between steps (PPO's updates) it times lending torch its {torch_threads} threads and "
+                 "keeps what is faster",
                  "To keep torch's count, pass parent_threads=None (or set OMP_NUM_THREADS before Python starts).",
                  data)
 

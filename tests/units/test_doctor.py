@@ -220,6 +220,7 @@ def test_placement_says_whether_the_workers_are_placed():
 def test_parent_threads_says_what_shmvec_will_set():
     c = doctor.check_parent_threads(8, cores=8, workers=8, environ={})
     assert c.status == "ok" and "sets it to 1" in c.detail and "parent_threads=None" in c.advice
+    assert "times lending torch its 8 threads" in c.detail  # through PPO's updates (shmvec._threads, "Lending")
     c = doctor.check_parent_threads(2, cores=8, workers=4, environ={})
     assert "leaves them as they are" in c.detail
     c = doctor.check_parent_threads(8, cores=8, workers=8, environ={"OMP_NUM_THREADS": "8"})
