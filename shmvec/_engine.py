@@ -197,6 +197,8 @@ class Engine:
         self.threads = decide(Decision(opts.parent_threads), self.n_workers, opts.public_name)
         self.parent_spin_s = opts.parent_spin_s
         self._placement_plan, self.placement = placement_for(opts, workers.pids, self)
+        if self.placement is not None:  # torch's threads are lent only while no placement trial runs
+            self.threads.calm = self.placement.calm
 
     # ---- start-up -----------------------------------------------------------------------------------
     def _start(self, pickled_batch: Callable[[list], Any]) -> None:
@@ -417,9 +419,9 @@ class Engine:
             self.arm_early_wake(cmd)
             all_posted = self.links.post(code, targets)
             if code == _STEP:  # here, not in the caller: a Ctrl-C may land as post() returns
-                self.threads.posting()  # the parent's gap since the last step (shmvec._threads)
+                lent = self.threads.posting()  # the parent's gap since the last step (shmvec._threads)
                 if self.placement is not None:
-                    self.placement.posting()  # the period since the last post (shmvec._placement)
+                    self.placement.posting(lent)  # the period since the last post (shmvec._placement)
                 self.done_step = None
                 self.status.poster = get_ident()
                 self.status.enter(POSTED)

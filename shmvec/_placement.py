@@ -43,6 +43,13 @@ one back; packed, the parent may have moved); a second one in a row, ``SPACING``
 after the last trial, means the loop changed (a policy in the loop after random actions, a bigger
 batch) and starts a trial at once, whose choice is held ``HOLD`` steps.
 
+Beside torch's lent threads (shmvec._threads, "Lending"): the engine's thread decision lends
+torch its own count through the parent's long gaps only while no trial runs here (:meth:`calm`,
+which also tells it whether a trial began since it last asked), and after a lent gap torch's
+second thread spins on a worker's core for a few ms: the periods of the next ``QUIET_S`` are not
+timed (:meth:`quiet`, from a post that ends a lent gap), so a trial that starts then, or a held window, does not take that spin for
+the placement's.
+
 The typical period is the mean of the window's periods under ``OUTLIER`` times its median: the
 mean, as a placement whose steps now and then wait a whole scheduler tick (on cores another
 process keeps busy) pays for them as its throughput does (a lower quartile picked such a
@@ -139,6 +146,8 @@ PAUSE_S = 0.02
 CHANGE = 1.5
 #: A trial's second placement, slower by this much over its first EARLY periods, loses at once.
 EARLY = 8
+# After a lent gap (shmvec._threads): torch's second thread spins this long at most, untimed.
+QUIET_S = 0.01
 EARLY_MARGIN = 0.25
 #: Steps a choice is held before the next trial; doubled while trials keep it, up to MAX_HOLD.
 HOLD = 4096
@@ -220,14 +229,29 @@ class Placement:
     to_leave: list[frozenset[int]] = field(default_factory=list)  # the cores to leave out next in this trial
     left_at: float = -math.inf  # when the last trial of the cores to leave out ended (clock)
     leave_hold: float = 0.0  # seconds before the next such trial (doubled while trials keep the cores)
+    quiet_until: float = 0.0  # no period is timed before then (clock; :meth:`quiet`)
+    begun: int = 0  # trials begun (of the placement or of the cores left out): :meth:`calm`
 
-    def posting(self) -> None:
-        """A step is being posted (the engine's lock is held)."""
+    def calm(self) -> int | None:
+        """None while a trial runs, else how many have begun: lending torch its threads waits for
+        the trials, and an iteration it times across one is not compared (shmvec._threads)."""
+        return self.begun if self.phase in ("hold", "off") else None
+
+    def quiet(self, seconds: float = QUIET_S) -> None:
+        """No period is timed for ``seconds`` from now (torch's lent thread spins on a worker's core)."""
+        self.quiet_until = self.clock() + seconds
+
+    def posting(self, after_lent: bool = False) -> None:
+        """A step is being posted (the engine's lock is held); ``after_lent``: it ends a gap through
+        which torch's threads were lent (:meth:`quiet` from now)."""
         if self.off is not None:  # stopped for good (whatever a trial was doing when it stopped)
             return
+        if after_lent:
+            self.quiet()
         if self.timing:
             now = self.clock()
-            self.periods.append(now - self.last)
+            if now >= self.quiet_until:
+                self.periods.append(now - self.last)
             self.last = now
         if self.watch and self.clock() - self.watch_from > self.watch_budget:
             self._abandon()  # the other placement is far slower (cores another process keeps busy)
@@ -250,7 +274,7 @@ class Placement:
             if not self.timing:
                 self._time_window()
                 return
-            if sum(self.periods) < LEAVE_WINDOW_S:  # (a core shared with another process: its ticks)
+            if not self.periods or sum(self.periods) < LEAVE_WINDOW_S:  # (a core shared with another process: its ticks)
                 self.countdown = WINDOW
                 return
             self.timing = self.watch = False
@@ -271,6 +295,9 @@ class Placement:
             self.last = self.clock()
             return
         if self.phase == "measure":
+            if not self.periods:  # (every step of the window was quiet: time another)
+                self.countdown = WINDOW
+                return
             value = typical(self.periods)
             first, other = self.first, not self.first
             if self.early:
@@ -352,6 +379,7 @@ class Placement:
         self.trial.clear()
         self.first = self.packed
         self.phase, self.countdown = "settle", SETTLE
+        self.begun += 1
 
     def _check_load(self) -> bool:
         """Reads the load (every ``CHECK_S``).  Other processes took ``FOREIGN`` of a core or more
@@ -392,6 +420,7 @@ class Placement:
         self.timing, self.left_out = False, {}
         self.to_leave = [self.avoid | {cpu} for cpu in ordered[:LEAVE_TRIES]]
         self.phase, self.countdown = "cores", SETTLE  # the cores as they are first
+        self.begun += 1
         return True
 
     def _time_window(self) -> None:

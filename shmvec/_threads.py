@@ -52,6 +52,10 @@ So the gain depends on the update's size, and it is measured, not guessed:
 - Lent: torch runs its own count (``before``) from that step's return until the next post, which
   sets it back; torch found at another count at either end is the user's, and stops the
   following (as the gap rule does).  A close during a lent gap sets it back first.
+- The workers' placement (shmvec._placement) times the loop too: no gap is lent while it tries a
+  placement (:attr:`Decision.calm`), an iteration across one of its trials is not compared, and it
+  does not time the steps just after a lent gap (torch's spin would count against whichever
+  placement it tries).
 
 When it is undone
 -----------------
@@ -126,7 +130,11 @@ class Decision:
     hold: int = LEND_HOLD  # iterations it holds (doubles each time a trial chooses the same again)
     mark: float = 0.0  # when the last predicted gap started
     mark_lent: bool = False  # whether it was lent
+    mark_calm: int | None = None  # calm() then
     clock: Any = time.perf_counter
+    # None while the workers' placement is being tried, else how many trials began (the engine
+    # sets the placement's: shmvec._placement.Placement.calm); no placement: always calm.
+    calm: Any = lambda: 0
 
     def __post_init__(self) -> None:
         self.gaps: list[float] = []
@@ -159,12 +167,14 @@ class Decision:
             if self.reduced and self.confirmed >= 2 and self.since == self.period:
                 self._long_gap_starts(now)
 
-    def posting(self) -> None:
+    def posting(self) -> bool:
         """A step is posted (the gap ends): every ``GAPS`` steps, their median gap decides; a lent
-        gap is over; a long gap counts toward the period."""
+        gap is over (returns True: torch's lent thread may spin a while yet); a long gap counts
+        toward the period."""
         if not self.adaptive:
-            return
-        if self.lent:
+            return False
+        lent = self.lent
+        if lent:
             self._set(self.before, self.after)
             self.lent = False
         if self.returned:
@@ -181,14 +191,19 @@ class Decision:
                 if self.adaptive and ((self.reduced and gap > HEAVY_GAP_S) or (not self.reduced and gap < LIGHT_GAP_S)):
                     _follow(self, gap)
         self.since += 1
+        return lent
 
     def _long_gap_starts(self, now: float) -> None:
-        if self.mark:
+        calm = self.calm()
+        if self.mark and calm is not None and calm == self.mark_calm:  # (no placement trial in between)
             if self.lend is None:
                 self.iterations.append((self.mark_lent, now - self.mark))
             else:
                 self.held += 1
-        self.mark = now
+        self.mark, self.mark_calm = (now, calm) if calm is not None else (0.0, None)
+        if calm is None:  # a placement trial runs: not lent, and this iteration is not timed
+            self.mark_lent = False
+            return
         if self.lend is None and len(self.iterations) >= TRIAL:
             best = {lent: min(s for was, s in self.iterations if was is lent) for lent in (False, True)}
             lend = best[True] < (1.0 - LEND_MARGIN) * best[False]

@@ -476,3 +476,39 @@ def test_real_workers_leave_a_core_another_process_takes_and_come_back_once_it_i
             hog.kill()
             hog.wait()
         env.close()
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_the_steps_after_a_lent_gap_are_not_timed_and_trials_say_they_run(sleepers, quiet):
+    """torch's lent thread spins on a worker's core after an update (shmvec._threads, "Lending"):
+    the steps of QUIET_S after it do not count against the placement a trial times (timed, they
+    make the faster placement, packed, lose), and calm() tells the thread decision when a trial
+    runs and how many have begun."""
+    pl = PL.Placement(lambda: [p.pid for p in sleepers], CORES, lambda s: None, 0.0, clock=Clock())
+    if not quiet:  # (the counterfactual: the spin timed)
+        pl.quiet = lambda seconds=PL.QUIET_S: None
+    assert pl.calm() is None  # the first trial is coming
+    spin_left = [0.0]
+
+    def period(placement):  # packed is faster, but the steps just after a lent gap wait out the spin
+        base = 0.0003 if placement.packed else 0.0006
+        if spin_left[0] > 0:
+            spin_left[0] -= 0.002
+            return 0.002 + base
+        return base
+
+    drive(pl, PL.START + PL.SETTLE + PL.WINDOW + PL.SETTLE, period=period)  # spread timed; packed settles
+    assert pl.packed and pl.phase == "measure"
+    pl.quiet()  # a lent gap ends as packed's window starts
+    spin_left[0] = PL.QUIET_S * 0.5
+    for _ in range(4 * PL.WINDOW):
+        if pl.phase == "hold":
+            break
+        drive(pl, 1, period=period)
+    assert pl.phase == "hold" and pl.packed is quiet, pl.as_dict()
+    assert pl.calm() == 0  # held; no trial began since the first
+    end_hold(pl)
+    drive(pl, 1, period=period)
+    assert pl.calm() is None and pl.begun == 1
+    drive(pl, trial_steps(moves=not quiet), period=period)
+    assert pl.calm() == 1

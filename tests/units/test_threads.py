@@ -307,3 +307,33 @@ def test_lending_stops_for_a_users_count_a_short_gap_and_a_close(threads):
     finally:
         env.close()
         other.close()
+
+
+def test_no_gap_is_lent_while_the_placement_is_tried_nor_an_iteration_across_a_trial_compared(threads):
+    """The workers' placement times the loop too (shmvec._placement): while it tries a placement
+    (calm() None) no gap is lent and the iteration is not timed; an iteration during which a trial
+    began (its count changed) is not compared either."""
+    threads(usable_cores() + 3)
+    env = vec(n_workers=1)
+    d = env._engine.threads
+    try:
+        reduced, own = free_cores(1), _Training.own
+        placement = {"calm": 0}
+        d.calm = lambda: placement["calm"]
+        run = _Training(d, period=8, update_s=0.05, lent_update_s=0.03)
+        for _ in range(2 + 1):
+            run.iteration()  # the period found; the first predicted gap marks
+        placement["calm"] = None  # a placement trial: not lent, nothing recorded
+        for _ in range(3):
+            run.iteration()
+        assert run.threads_in_updates[-3:] == [reduced] * 3 and d.iterations == [] and d.lend is None
+        placement["calm"] = 1  # held again, one trial later: the trial of lending starts over
+        for _ in range(1 + T.TRIAL):
+            run.iteration()
+        assert run.threads_in_updates[-T.TRIAL - 1:] == [reduced, own, reduced, own, own] and d.lend is True
+        placement["calm"] = 2  # a trial began and ended within one iteration: that one is not counted
+        held = d.held
+        run.iteration()
+        assert d.held == held and run.threads_in_updates[-1] == own
+    finally:
+        env.close()
