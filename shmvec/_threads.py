@@ -46,7 +46,8 @@ So the gain depends on the update's size, and it is measured, not guessed:
 - At each predicted gap, :attr:`Decision.iterations` records the time since the previous one
   (an *iteration*: one update and one rollout) with whether that previous gap was lent.  A trial
   alternates: not lent, lent, not lent, lent (``TRIAL``); then lending is kept if the faster lent
-  iteration beats the faster one not lent by ``LEND_MARGIN``, and the choice holds for
+  iteration beats the faster one not lent by ``LEND_MARGIN`` (a first lent iteration
+  ``LEND_EARLY`` slower than the one before it ends the trial there), and the choice holds for
   ``LEND_HOLD`` iterations before another trial (twice as many after a trial that chose the same
   again: a trial costs the slower choice's two iterations).
 - Lent: torch runs its own count (``before``) from that step's return until the next post, which
@@ -102,6 +103,8 @@ TRIAL = 4
 LEND_MARGIN = 0.03
 LEND_HOLD = 32
 LEND_HOLD_MAX = 1024
+#: A trial's first lent iteration this much slower than the one before it ends the trial at once.
+LEND_EARLY = 0.1
 
 
 @dataclass
@@ -204,7 +207,9 @@ class Decision:
         if calm is None:  # a placement trial runs: not lent, and this iteration is not timed
             self.mark_lent = False
             return
-        if self.lend is None and len(self.iterations) >= TRIAL:
+        its = self.iterations
+        early = len(its) == 2 and its[1][0] and its[1][1] > its[0][1] * (1.0 + LEND_EARLY)
+        if self.lend is None and (len(its) >= TRIAL or early):
             best = {lent: min(s for was, s in self.iterations if was is lent) for lent in (False, True)}
             lend = best[True] < (1.0 - LEND_MARGIN) * best[False]
             self.hold = min(2 * self.hold, LEND_HOLD_MAX) if lend is self.chose else LEND_HOLD
