@@ -47,8 +47,8 @@ Beside torch's lent threads (shmvec._threads, "Lending"): the engine's thread de
 torch its own count through the parent's long gaps only while no trial runs here (:meth:`calm`,
 which also tells it whether a trial began since it last asked), and after a lent gap torch's
 second thread spins on a worker's core for a few ms: the periods of the next ``QUIET_S`` are not
-timed (:meth:`quiet`, from a post that ends a lent gap), so a trial that starts then, or a held window, does not take that spin for
-the placement's.
+timed (:meth:`quiet`, from the post that ends a lent gap), so that neither a trial starting then
+nor a held window takes that spin for the placement's.
 
 The typical period is the mean of the window's periods under ``OUTLIER`` times its median: the
 mean, as a placement whose steps now and then wait a whole scheduler tick (on cores another
@@ -146,9 +146,9 @@ PAUSE_S = 0.02
 CHANGE = 1.5
 #: A trial's second placement, slower by this much over its first EARLY periods, loses at once.
 EARLY = 8
-# After a lent gap (shmvec._threads): torch's second thread spins this long at most, untimed.
-QUIET_S = 0.01
 EARLY_MARGIN = 0.25
+#: After a gap through which torch's threads were lent (shmvec._threads), this long is not timed.
+QUIET_S = 0.01
 #: Steps a choice is held before the next trial; doubled while trials keep it, up to MAX_HOLD.
 HOLD = 4096
 MAX_HOLD = 65536

@@ -210,11 +210,11 @@ class Decision:
         its = self.iterations
         early = len(its) == 2 and its[1][0] and its[1][1] > its[0][1] * (1.0 + LEND_EARLY)
         if self.lend is None and (len(its) >= TRIAL or early):
-            best = {lent: min(s for was, s in self.iterations if was is lent) for lent in (False, True)}
+            best = {lent: min(s for was, s in its if was is lent) for lent in (False, True)}
             lend = best[True] < (1.0 - LEND_MARGIN) * best[False]
             self.hold = min(2 * self.hold, LEND_HOLD_MAX) if lend is self.chose else LEND_HOLD
             self.lend = self.chose = lend
-            self.held, self.decided_on, self.iterations = 0, self.iterations, []
+            self.held, self.decided_on, self.iterations = 0, its, []
         elif self.lend is not None and self.held >= self.hold:
             self.lend = None  # another trial
         lend = len(self.iterations) % 2 == 1 if self.lend is None else self.lend
