@@ -11,9 +11,9 @@ many extra microseconds of CPU (a stand-in for a costlier simulator than CartPol
 
 ``--face gymnasium`` trains the CleanRL PPO of ``examples/cleanrl_ppo.py`` (``ppo.py``'s loop,
 agent and defaults: ``num_steps=128``, 4 minibatches, 4 epochs, learning rate 2.5e-4; NEXT_STEP
-autoreset's reset transitions masked out; its GAE and update functions) through ``SyncVectorEnv`` and
-``ShmVectorEnv`` (``--subproc``: ``AsyncVectorEnv`` too), each built by ``gymnasium.make_vec``
-and ``shmvec.make_vec``::
+autoreset's reset transitions masked out; the example's own GAE and update functions) through
+``SyncVectorEnv`` and ``ShmVectorEnv`` (``--subproc``: ``AsyncVectorEnv`` too), each built by
+``gymnasium.make_vec`` and ``shmvec.make_vec``::
 
     python bench/ppo_wallclock.py --face gymnasium --n-envs 16 64 --steps 65536 --repeat 2
 
