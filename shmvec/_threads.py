@@ -324,12 +324,9 @@ def decide(decision: Decision, n_workers: int, public_name: str = "ShmVecEnv", c
 def _follow(decision: Decision, gap: float) -> None:
     """Moves torch to the other count of an adaptive decision, unless the user set one meanwhile
     (then theirs stays, and the decision stops following)."""
-    torch = sys.modules.get("torch")
     now, other = (decision.after, decision.before) if decision.reduced else (decision.before, decision.after)
-    if torch is None or int(torch.get_num_threads()) != now:
-        decision.adaptive = False
+    if not decision._set(now, other):
         return
-    torch.set_num_threads(other)
     decision.reduced = not decision.reduced
     decision.reason = (f"torch ran {decision.before} threads; the parent's median gap between steps is "
                        f"{gap * 1e3:.2f} ms: " + (f"a light policy, set to {other} while the workers run"
