@@ -26,7 +26,7 @@ from shmvec._errors import AlreadyPendingCallError, NoAsyncCallError, ShmVecEnvE
 from shmvec._frontend import ENGINE_OPTIONS, env_render_mode, gym_engine, refuse_unknown_keywords, usable_engine
 from shmvec._seeds import gym_vector_seeds, per_env_values
 from shmvec._state import IDLE, serialized
-from shmvec.factories import DescriptionError, factory_list, main_refs, provide_main
+from shmvec.factories import DescriptionError, factory_list, make_env
 
 _WORKER_MODE = {
     AutoresetMode.NEXT_STEP: P.AUTORESET_NEXT_STEP,
@@ -613,16 +613,11 @@ def make_vec(
             raise ValueError(f"autoreset_mode={autoreset_mode!r} and vector_kwargs['autoreset_mode']={given!r} differ")
         vector_kwargs["autoreset_mode"] = autoreset_mode
     wrappers = list(wrappers or [])
-    mains = main_refs(env_spec)  # "__main__:Name" objects, which a worker's __main__ (python -c) lacks
-
-    def create_single_env() -> gym.Env:
-        provide_main(mains)
-        env = gym.make(env_spec, **env_kwargs)
-        for wrapper in wrappers:
-            env = wrapper(env)
-        return env
-
-    env = ShmVectorEnv([create_single_env for _ in range(num_envs)], **vector_kwargs)
+    # gym.make(env_spec, **env_kwargs), then the wrappers, as one factory of plain data (the spec
+    # resolved here, "__main__:Name" objects provided in the workers): describe() can write it
+    # unless a wrapper is a lambda or lives in __main__.
+    factory = make_env(env_spec, wrappers=[(w, {}) for w in wrappers], **env_kwargs)
+    env = ShmVectorEnv([factory] * num_envs, **vector_kwargs)
     spec = _copy.deepcopy(env_spec)
     spec.kwargs = dict(env_kwargs)
     if num_envs != 1:

@@ -402,6 +402,36 @@ def test_make_vec_takes_gymnasiums_arguments_its_own_spec_and_module_ids():
         env.close()
 
 
+def test_make_vec_describes_itself_and_rebuilds_stepping_the_same():
+    """make_vec's envs are one factory of plain data: describe() writes it (wrappers as import
+    strings), from_description steps as the original; a lambda wrapper is named as what cannot be."""
+    env = make_vec("CartPole-v1", 3, vector_kwargs={"n_workers": 2, "start_method": "fork"},
+                   wrappers=[gym.wrappers.TimeAwareObservation], max_episode_steps=30)
+    try:
+        description = json.loads(json.dumps(env.describe()))
+        want = _seeded_rollout(env, 60)
+    finally:
+        env.close()
+    factory = description["env_fns"][0]["factory"]
+    assert factory["spec"]["id"] == "CartPole-v1" and factory["kwargs"] == {"max_episode_steps": 30}
+    assert "TimeAwareObservation" in json.dumps(factory["wrappers"])
+    assert description["decided"]["n_workers"]["value"] == 2
+    rebuilt = ShmVectorEnv.from_description(description, start_method="spawn")
+    try:
+        assert rebuilt.single_observation_space.shape == (5,)
+        assert_same_vec(tuple(_seeded_rollout(rebuilt, 60)), tuple(want))
+    finally:
+        rebuilt.close()
+    env = make_vec("CartPole-v1", 2, vector_kwargs={"n_workers": 1, "start_method": "fork"},
+                   wrappers=[lambda e: gym.wrappers.TimeAwareObservation(e)])
+    try:
+        assert env.reset(seed=0)[0].shape == (2, 5)  # the lambda travels with cloudpickle and runs
+        with pytest.raises(DescriptionError, match=r"env_fns\[0\] cannot be described.*lambda"):
+            env.describe()
+    finally:
+        env.close()
+
+
 def _wrapped(venv):
     venv = vw.RecordEpisodeStatistics(venv)
     venv = vw.NormalizeObservation(venv)
