@@ -49,6 +49,11 @@ def describe_env_fns(env_fns: Sequence[Any]) -> list[dict[str, Any] | Descriptio
     return out
 
 
+def decided_data(decided: Mapping[str, Any]) -> dict[str, Any]:
+    """``decided()`` of the faces, and ``describe()["decided"]``: the engine's ``explain()`` as plain data."""
+    return jsonable(dict(decided), "decided")
+
+
 def describe_vec_env(descriptions: Sequence[dict[str, Any] | Exception], config: Mapping[str, Any], *, n_envs: int,
                      n_workers: int, start_method: str, seed: Any, options: Any,
                      decided: Mapping[str, Any] | None = None, vec_env: str | None = None) -> dict[str, Any]:
@@ -59,7 +64,8 @@ def describe_vec_env(descriptions: Sequence[dict[str, Any] | Exception], config:
     factories = []
     for i, d in enumerate(descriptions):
         if isinstance(d, Exception):
-            raise DescriptionError(f"env_fns[{i}] cannot be described as plain data: {d}") from d
+            raise DescriptionError(f"env_fns[{i}] cannot be described as plain data: {d} (decided() still says what "
+                                   "the defaults became on this machine, and why)") from d
         factories.append(d)
     plain_options = {}
     for name, value in config.items():
@@ -74,7 +80,7 @@ def describe_vec_env(descriptions: Sequence[dict[str, Any] | Exception], config:
         "start_method": start_method,
         "seed": jsonable(seed, "seed"),
         "reset_options": jsonable(options, "set_options()"),
-        "decided": jsonable(dict(decided or {}), "decided"),
+        "decided": decided_data(decided or {}),
     }
     if vec_env is not None:
         out["vec_env"] = vec_env

@@ -3,7 +3,8 @@
 :func:`per_env_seeds` implements ``ShmVecEnv.seed()`` (an int, a list, or a
 ``numpy.random.SeedSequence``); :func:`seed_from_plain` reads back the plain value it returns
 (for ``describe()``); :func:`spawn_seeds` derives independent seeds from a ``SeedSequence``;
-:func:`gym_vector_seeds` is ``reset(seed=...)`` of the Gymnasium-style faces.
+:func:`gym_vector_seeds` is ``reset(seed=...)`` of the Gymnasium-style faces, :func:`gym_reset_mask`
+their ``reset(options={"reset_mask": ...})``.
 
 :func:`per_env_values` is the rule "one value per env (a list or tuple), or one for all"
 (``set_attr``'s values, reset options); :func:`env_indices` is SB3's ``indices`` (None, an int,
@@ -102,6 +103,26 @@ def gym_vector_seeds(seed: Any, num_envs: int) -> list:
         if s < 0:
             raise gym.error.Error(f"Seed must be greater or equal to zero, actual value: {s} (env {i})")
     return seeds
+
+
+def gym_reset_mask(options: dict[str, Any] | None, num_envs: int) -> tuple[dict[str, Any] | None, np.ndarray | None]:
+    """Gymnasium's ``reset(options={"reset_mask": mask})``: the options without it, and a copy of
+    the mask (``reset_async``: the caller may change it before ``reset_wait``), checked with
+    Gymnasium's own messages; ``(options, None)`` without one."""
+    if options is None or "reset_mask" not in options:
+        return options, None
+    options = dict(options)
+    mask = options.pop("reset_mask")
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+    if mask.shape != (num_envs,):
+        raise ValueError(f"`options['reset_mask']` must have shape `({num_envs},)`, got {mask.shape}")
+    if mask.dtype != np.bool_:
+        raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
+    if not np.any(mask):
+        raise ValueError(
+            f"`options['reset_mask']` must contain a boolean array with at least one True value, got reset_mask={mask}")
+    return options, mask.copy()
 
 
 def per_env_values(values: Any, n_envs: int, what: str = "values") -> list:

@@ -24,7 +24,7 @@ except ModuleNotFoundError as exc:
 
 from shmvec import _protocol as P
 from shmvec._copyguard import Uncopyable
-from shmvec._describe import describe_vec_env, rebuild
+from shmvec._describe import decided_data, describe_vec_env, rebuild
 from shmvec._engine import Engine
 from shmvec._errors import NoAsyncCallError
 from shmvec._masks import METHOD as MASKS_METHOD
@@ -397,6 +397,13 @@ class ShmVecEnv(Uncopyable, VecEnv):
         return describe_vec_env(engine.descriptions, dict(engine.options.given), n_envs=self.num_envs,
                                 n_workers=engine.n_workers, start_method=engine.options.start_method,
                                 seed=self._seed_arg, options=self._options_arg, decided=engine.explain())
+
+    @serialized
+    def decided(self) -> dict[str, Any]:
+        """What the defaults became on this machine, and why: the workers, their spin, torch's
+        threads in this process, where the workers run (``describe()["decided"]``, also for
+        factories that cannot be described)."""
+        return decided_data(self._engine.explain())
 
     @classmethod
     def from_description(cls, description: dict[str, Any], **overrides: Any) -> ShmVecEnv:

@@ -20,11 +20,11 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
 from shmvec import _protocol as P
 from shmvec._copyguard import Uncopyable
-from shmvec._describe import describe_vec_env, rebuild
+from shmvec._describe import decided_data, describe_vec_env, rebuild
 from shmvec._engine import Engine
 from shmvec._errors import AlreadyPendingCallError, NoAsyncCallError, ShmVecEnvError
 from shmvec._frontend import ENGINE_OPTIONS, env_render_mode, gym_engine, refuse_unknown_keywords, usable_engine
-from shmvec._seeds import gym_vector_seeds, per_env_values
+from shmvec._seeds import gym_reset_mask, gym_vector_seeds, per_env_values
 from shmvec._state import IDLE, serialized
 from shmvec.factories import DescriptionError, factory_list, make_env
 
@@ -289,22 +289,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
     def _reset_args(self, seed: Any, options: dict[str, Any] | None) -> tuple[list, list, np.ndarray | None]:
         """Per-env seeds and options, and the reset mask, checked before anything is sent."""
         seeds = gym_vector_seeds(seed, self.num_envs)
-        mask = None
-        if options is not None and "reset_mask" in options:
-            options = dict(options)
-            mask = options.pop("reset_mask")
-            if not isinstance(mask, np.ndarray):
-                raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
-            if mask.shape != (self.num_envs,):
-                raise ValueError(f"`options['reset_mask']` must have shape `({self.num_envs},)`, got {mask.shape}")
-            if mask.dtype != np.bool_:
-                raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
-            if not np.any(mask):
-                raise ValueError(
-                    "`options['reset_mask']` must contain a boolean array with at least one True value, "
-                    f"got reset_mask={mask}"
-                )
-            mask = mask.copy()  # (reset_async: the caller may change it before reset_wait)
+        options, mask = gym_reset_mask(options, self.num_envs)
         return seeds, [options] * self.num_envs, mask
 
     def _reset_return(self, results: list[list], mask: np.ndarray | None) -> tuple[Any, dict[str, Any]]:
@@ -479,6 +464,11 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
         return describe_vec_env(engine.descriptions, options, n_envs=self.num_envs, n_workers=engine.n_workers,
                                 start_method=engine.options.start_method, seed=None, options=None,
                                 decided=engine.explain(), vec_env=DESCRIBED_AS)
+
+    @serialized
+    def decided(self) -> dict[str, Any]:
+        """What the defaults became on this machine, and why, as ``ShmVecEnv.decided``."""
+        return decided_data(usable_engine(self).explain())
 
     @classmethod
     def from_description(cls, description: dict[str, Any], **overrides: Any) -> ShmVectorEnv:

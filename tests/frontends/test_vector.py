@@ -240,12 +240,17 @@ def test_describe_rebuilds_the_same_vector_env_and_says_what_was_decided():
 def test_describe_names_what_is_not_plain_data_and_rebuild_names_the_class_to_use():
     env = ShmVectorEnv([lambda: gym.make("CartPole-v1")] * 2, n_workers=1, start_method="fork")
     try:
-        with pytest.raises(DescriptionError, match=r"env_fns\[0\] cannot be described"):
+        with pytest.raises(DescriptionError, match=r"env_fns\[0\] cannot be described.*decided\(\) still says"):
             env.describe()
+        decided = json.loads(json.dumps(env.decided()))  # a CleanRL loop's closures: what was decided, still
+        assert decided["n_workers"]["value"] == 1 and "why" in decided["placement"]
+        assert decided["parent_threads"]["option"] == "auto"
     finally:
         env.close()
     with pytest.raises(ClosedVecEnvError):
         env.describe()
+    with pytest.raises(ClosedVecEnvError):
+        env.decided()
     single = gym.make("CartPole-v1").observation_space
     env = ShmVectorEnv([make_env("CartPole-v1")] * 2, n_workers=1, start_method="fork",
                        observation_mode=(gym.vector.utils.batch_space(single, 2), single))

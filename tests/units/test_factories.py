@@ -511,8 +511,16 @@ def test_describe_names_the_factory_that_is_not_plain_data():
     fns = [make_env("CartPole-v1"), lambda: gym.make("CartPole-v1")]
     env = ShmVecEnv(fns, n_workers=1, start_method="fork")
     try:
-        with pytest.raises(DescriptionError, match=r"env_fns\[1\].*lambda.*shmvec.make_env"):
+        with pytest.raises(DescriptionError, match=r"env_fns\[1\].*lambda.*shmvec.make_env.*decided\(\) still says"):
             env.describe()
+        decided = json.loads(json.dumps(env.decided()))  # what the defaults became, the factories aside
+        assert decided["n_workers"]["value"] == 1 and "given" in decided["n_workers"]["why"]
+        assert set(decided) == {"n_workers", "spin_us", "parent_threads", "placement"}
+    finally:
+        env.close()
+    env = ShmVecEnv([make_env("CartPole-v1")] * 2, n_workers=1, start_method="fork")
+    try:
+        assert env.decided() == env.describe()["decided"]
     finally:
         env.close()
     with pytest.raises(DescriptionError, match="kwargs"):
