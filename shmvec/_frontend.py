@@ -36,6 +36,7 @@ from gymnasium.vector import VectorEnv
 
 from shmvec import _protocol as P
 from shmvec._agents import AgentsFactory
+from shmvec._describe import decided_data
 from shmvec._engine import Engine
 from shmvec._errors import ClosedVecEnvError, InvalidActionError, ShmVecEnvError
 from shmvec._options import Options
@@ -143,6 +144,12 @@ def usable_engine(owner: Any) -> Engine:
         raise ClosedVecEnvError(f"this {type(owner).__name__} is closed; build a new one")
     engine.check_usable()
     return engine
+
+
+def decided_of(owner: Any) -> dict[str, Any]:
+    """Every face's ``decided()``: what the defaults became on this machine (the workers, their
+    spin, torch's threads in this process, where the workers run), and why, as plain data."""
+    return decided_data(usable_engine(owner).explain())
 
 
 def env_render_mode(engine: Engine) -> str | None:

@@ -41,6 +41,7 @@ from shmvec._frontend import (
     InfoBatch,
     by_env_id,
     checked_send_ids,
+    decided_of,
     env_render_mode,
     gym_engine,
     refuse_unknown_keywords,
@@ -420,6 +421,10 @@ class ShmEnvPool(Uncopyable):
     @serialized
     def render(self) -> tuple[Any, ...]:
         return self._paused_call(P.Call.RENDER, ())
+
+    def decided(self) -> dict[str, Any]:
+        """What the defaults became on this machine, and why, as ``ShmVectorEnv.decided``."""
+        return decided_of(self)
 
     def close(self) -> None:
         """Stops the pool and the workers, frees both shared-memory segments.  Idempotent.

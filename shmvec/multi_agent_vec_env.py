@@ -32,7 +32,7 @@ from shmvec._errors import NoAsyncCallError
 from shmvec._seeds import env_indices, per_env_seeds, per_env_values
 from shmvec._state import serialized
 from shmvec._masks import METHOD as MASKS_METHOD
-from shmvec._frontend import FLAG_KEYS, agent_step_values, agents_engine, rendered_images, served_masks
+from shmvec._frontend import FLAG_KEYS, agent_step_values, agents_engine, decided_of, rendered_images, served_masks
 
 __all__ = ["ShmMultiAgentVecEnv"]
 
@@ -237,6 +237,10 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
                     infos[r]["terminal_observation"] = term_obs[e, k].copy()
                     infos[r]["TimeLimit.truncated"] = bool(trunc[r] and not term[r])
         return self._obs_rows(engine), rew, dones, infos
+
+    def decided(self) -> dict[str, Any]:
+        """What the defaults became on this machine, and why, as ``ShmVecEnv.decided``."""
+        return decided_of(self)
 
     def close(self) -> None:
         """Stops the workers and frees the shared memory.  Idempotent, bounded in time.

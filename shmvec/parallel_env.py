@@ -21,7 +21,7 @@ from shmvec._agents import agent_space
 from shmvec._copyguard import Uncopyable
 from shmvec._engine import Engine
 from shmvec._errors import AlreadyPendingCallError, SpaceError
-from shmvec._frontend import agent_step_values, agents_engine, served_masks
+from shmvec._frontend import agent_step_values, agents_engine, decided_of, served_masks
 from shmvec._layout import Leaf
 from shmvec._seeds import per_env_seeds, per_env_values
 from shmvec._state import serialized
@@ -282,6 +282,10 @@ class ShmParallelEnv(Uncopyable):
         engine = self._usable("set_attr")
         for e, value in enumerate(values):
             engine.call(P.Call.ENV_METHOD, [e], ("set_env_attr", (name, value), {}))
+
+    def decided(self) -> dict[str, Any]:
+        """What the defaults became on this machine, and why, as ``ShmVecEnv.decided``."""
+        return decided_of(self)
 
     # ---- lifetime ------------------------------------------------------------------------------------
     def close(self) -> None:

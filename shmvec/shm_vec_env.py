@@ -24,14 +24,14 @@ except ModuleNotFoundError as exc:
 
 from shmvec import _protocol as P
 from shmvec._copyguard import Uncopyable
-from shmvec._describe import decided_data, describe_vec_env, rebuild
+from shmvec._describe import describe_vec_env, rebuild
 from shmvec._engine import Engine
 from shmvec._errors import NoAsyncCallError
 from shmvec._masks import METHOD as MASKS_METHOD
 from shmvec._pickled_leaves import stack_values
 from shmvec._rows import copy_actions, step_infos
 from shmvec._seeds import per_env_seeds
-from shmvec._frontend import rendered_images, served_masks
+from shmvec._frontend import decided_of, rendered_images, served_masks
 from shmvec._state import IDLE, serialized
 
 __all__ = ["ShmVecEnv"]
@@ -403,7 +403,7 @@ class ShmVecEnv(Uncopyable, VecEnv):
         """What the defaults became on this machine, and why: the workers, their spin, torch's
         threads in this process, where the workers run (``describe()["decided"]``, also for
         factories that cannot be described)."""
-        return decided_data(self._engine.explain())
+        return decided_of(self)
 
     @classmethod
     def from_description(cls, description: dict[str, Any], **overrides: Any) -> ShmVecEnv:

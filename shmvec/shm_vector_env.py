@@ -20,10 +20,11 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
 from shmvec import _protocol as P
 from shmvec._copyguard import Uncopyable
-from shmvec._describe import decided_data, describe_vec_env, rebuild
+from shmvec._describe import describe_vec_env, rebuild
 from shmvec._engine import Engine
 from shmvec._errors import AlreadyPendingCallError, NoAsyncCallError, ShmVecEnvError
-from shmvec._frontend import ENGINE_OPTIONS, env_render_mode, gym_engine, refuse_unknown_keywords, usable_engine
+from shmvec._frontend import (ENGINE_OPTIONS, decided_of, env_render_mode, gym_engine, refuse_unknown_keywords,
+                              usable_engine)
 from shmvec._seeds import gym_reset_mask, gym_vector_seeds, per_env_values
 from shmvec._state import IDLE, serialized
 from shmvec.factories import DescriptionError, factory_list, make_env
@@ -468,7 +469,7 @@ class ShmVectorEnv(Uncopyable, VectorEnv):
     @serialized
     def decided(self) -> dict[str, Any]:
         """What the defaults became on this machine, and why, as ``ShmVecEnv.decided``."""
-        return decided_data(usable_engine(self).explain())
+        return decided_of(self)
 
     @classmethod
     def from_description(cls, description: dict[str, Any], **overrides: Any) -> ShmVectorEnv:

@@ -197,6 +197,10 @@ class ShmVecEnvPool(Uncopyable, VecEnv):
             infos.append(info)
         return (obs, rewards.astype(np.float32), dones, infos), ids
 
+    def decided(self) -> dict[str, Any]:
+        """What the defaults became on this machine, and why, as ``ShmVecEnv.decided``."""
+        return self._usable().decided()
+
     def close(self) -> None:
         if self._pool is not None:
             pool, self._pool = self._pool, None

@@ -460,3 +460,8 @@ class RayShmVecEnvPool(ShmVecEnvPool):
     """
 
     _pool_cls = RayShmEnvPool
+
+    def decided(self) -> dict[str, Any]:
+        """Not here: each actor's vec env decides for its own node (``actor_info`` says where they run)."""
+        raise NotImplementedError(f"{type(self).__name__}.decided(): each Ray actor's vec env decides its defaults "
+                                  "on its own node; actor_info says where the actors run")

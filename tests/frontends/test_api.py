@@ -385,6 +385,29 @@ def test_copy_deepcopy_and_pickle_are_refused_and_the_env_goes_on(kind):
         env.close()
 
 
+@pytest.mark.parametrize("kind", ["ShmVecEnv", "ShmVectorEnv", "ShmEnvPool", "ShmVecEnvPool", "ShmMultiAgentVecEnv",
+                                  "ShmParallelEnv"])
+def test_every_face_says_what_its_defaults_became(kind):
+    """decided(): the workers, their spin, torch's threads, the placement, each with why, as plain
+    data (JSON), from every face, whatever its factories; ClosedVecEnvError once closed."""
+    import json
+
+    import shmvec
+    from edgeenvs_agents import two_agents_fns
+
+    fns = two_agents_fns(2) if kind in ("ShmMultiAgentVecEnv", "ShmParallelEnv") else testenvs.bare_env_fns(3)
+    env = getattr(shmvec, kind)(fns, n_workers=2, start_method="fork", parent_threads=1)
+    try:
+        decided = json.loads(json.dumps(env.decided()))
+        assert set(decided) == {"n_workers", "spin_us", "parent_threads", "placement"}
+        assert decided["n_workers"]["value"] == 2 and "given" in decided["n_workers"]["why"]
+        assert decided["parent_threads"]["option"] == 1 and "why" in decided["placement"]
+    finally:
+        env.close()
+    with pytest.raises(ClosedVecEnvError, match=f"this {kind} is closed"):
+        env.decided()
+
+
 def test_sb3_wrappers_around_a_shmvecenv_still_pickle_without_it():
     """VecNormalize.save pickles the wrapper and leaves the vec env out, as for SubprocVecEnv."""
     import pickle

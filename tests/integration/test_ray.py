@@ -862,6 +862,8 @@ def test_sb3_pool_face_with_full_batch_equals_dummy_vec_env(cluster):
         assert env.get_attr("marker", indices=[1, 3]) == [1, 1]
         with pytest.raises(IndexError, match="out of range"):
             env.set_attr("marker", 1, indices=[5])  # not env 0, wrapped around
+        with pytest.raises(NotImplementedError, match="each Ray actor's vec env decides"):
+            env.decided()  # ShmVecEnvPool's, which asks a pool of its own
     finally:
         close_all(env, ref)
 
