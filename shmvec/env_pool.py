@@ -422,6 +422,7 @@ class ShmEnvPool(Uncopyable):
     def render(self) -> tuple[Any, ...]:
         return self._paused_call(P.Call.RENDER, ())
 
+    @serialized
     def decided(self) -> dict[str, Any]:
         """What the defaults became on this machine, and why, as ``ShmVectorEnv.decided``."""
         return decided_of(self)

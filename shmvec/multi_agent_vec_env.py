@@ -238,6 +238,7 @@ class ShmMultiAgentVecEnv(Uncopyable, VecEnv):
                     infos[r]["TimeLimit.truncated"] = bool(trunc[r] and not term[r])
         return self._obs_rows(engine), rew, dones, infos
 
+    @serialized
     def decided(self) -> dict[str, Any]:
         """What the defaults became on this machine, and why, as ``ShmVecEnv.decided``."""
         return decided_of(self)

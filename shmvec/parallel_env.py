@@ -283,6 +283,7 @@ class ShmParallelEnv(Uncopyable):
         for e, value in enumerate(values):
             engine.call(P.Call.ENV_METHOD, [e], ("set_env_attr", (name, value), {}))
 
+    @serialized
     def decided(self) -> dict[str, Any]:
         """What the defaults became on this machine, and why, as ``ShmVecEnv.decided``."""
         return decided_of(self)
