@@ -35,14 +35,15 @@ from shmvec._bench.training import POLICY_SEED, CleanRLAgent
 from shmvec.bench import machine
 
 
-def _other(core: int, go, done) -> None:
-    """On ``core``: each time ``go`` is set, runs Python for the gap it holds, then sets ``done``."""
+def _other(core: int, gap_s, go, done) -> None:
+    """On ``core``: each time ``go`` is set, runs Python for ``gap_s.value`` seconds (below 0: returns),
+    then sets ``done``."""
     os.sched_setaffinity(0, {core})
     table: dict[int, float] = {}
     while True:
         go.wait()
         go.clear()
-        gap = go_gap.value
+        gap = gap_s.value
         if gap < 0:
             return
         end = time.perf_counter() + gap
@@ -52,11 +53,7 @@ def _other(core: int, go, done) -> None:
         done.set()
 
 
-go_gap = None  # the gap of the ``other`` process, a shared double (set in main)
-
-
 def main() -> None:
-    global go_gap
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gap-us", type=float, nargs="+", default=[300.0])
     parser.add_argument("--seconds", type=float, default=1.0, help="seconds per gap kind and round")
@@ -69,7 +66,7 @@ def main() -> None:
     ctx = get_context("fork")
     go_gap = ctx.Value("d", 0.0, lock=False)
     go, done = ctx.Event(), ctx.Event()
-    other = ctx.Process(target=_other, args=(core, go, done), daemon=True)
+    other = ctx.Process(target=_other, args=(core, go_gap, go, done), daemon=True)
     other.start()
     env = gym.make("CartPole-v1")
     torch.manual_seed(POLICY_SEED)
